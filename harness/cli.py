@@ -62,6 +62,35 @@ def cmd_measure(args: argparse.Namespace) -> int:
     return 0 if rec["status"] == "ok" else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from harness import grid, schedule
+    spec = grid.load(args.grid)
+    runs = schedule.schedule(spec)
+    if args.json:
+        print(json.dumps(schedule.plan_rows(runs), indent=1))
+    else:
+        print(schedule.format_plan(spec, runs))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness import runner
+    s = runner.run(args.grid, store_root=args.store, new_series=args.new_series)
+    return 0 if s.failed == 0 else 1
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from harness import check
+    n, problems = check.check(args.paths, verify_models=not args.no_model_hashes)
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"{len(problems)} problem(s) in {n} artifact(s)", file=sys.stderr)
+        return 1
+    print(f"{n} artifact(s) OK")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from harness import quick
     text = quick.render(args.store)
@@ -116,6 +145,22 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("--repetitions", type=int, default=3)
     me.add_argument("--out", default="artifacts/demo", help="directory for the result JSON")
     me.set_defaults(func=cmd_measure)
+
+    spl = sub.add_parser("plan", help="expansion and exact run order; no engine started")
+    spl.add_argument("grid")
+    spl.add_argument("--json", action="store_true", help="one object per run: cell, arm, pass, position")
+    spl.set_defaults(func=cmd_plan)
+
+    srun = sub.add_parser("run", help="execute a grid; resumable")
+    srun.add_argument("grid")
+    srun.add_argument("--store", default="artifacts")
+    srun.add_argument("--new-series", action="store_true", help="start a new series when the grid file changed")
+    srun.set_defaults(func=cmd_run)
+
+    sc = sub.add_parser("check", help="validate artifacts: schema, provenance, id")
+    sc.add_argument("paths", nargs="+")
+    sc.add_argument("--no-model-hashes", action="store_true", help="skip comparing model sha256 with local files")
+    sc.set_defaults(func=cmd_check)
 
     sr = sub.add_parser("report", help="render results.md from the stored results")
     sr.add_argument("--store", action="append", default=None)

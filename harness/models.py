@@ -172,7 +172,7 @@ def _build_tiny(work: Path) -> dict:
     smol = ensure("smollm2-135m")
     tok = AutoTokenizer.from_pretrained(str(smol / "hf-fp32"))
     cfg = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      torch_dtype=torch.float32, **TINY_CONFIG)
+                      dtype=torch.float32, **TINY_CONFIG)
     torch.manual_seed(1234)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():

@@ -70,6 +70,13 @@ def run(cfg: dict) -> dict:
               enforce_eager=bool(cfg.get("eager", True)), kv_cache_memory_bytes=kv_requested,
               enable_prefix_caching=False, seed=0, trust_remote_code=False)
     t_loaded = time.time()
+    after_load = {}
+    try:
+        from harness.residency import file_residency, smaps_rollup
+        after_load = {"files": {f: file_residency(os.path.join(model_dir, f)) for f in cfg.get("weight_files", [])},
+                      "memory": smaps_rollup(os.getpid()), "status": "ok"}
+    except Exception as e:  # residency is provenance, not a reason to lose the run
+        after_load = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
     engine = llm.llm_engine
     vc = engine.vllm_config
     tok = llm.get_tokenizer()
@@ -77,9 +84,12 @@ def run(cfg: dict) -> dict:
     vocab = hf_config["vocab_size"]
 
     samples = []
+    import hashlib
+    prompt_hash = hashlib.sha256()
     reps = int(cfg.get("warmups", 1)) + int(cfg.get("repetitions", 3))
     for i in range(reps):
         ids = _prompt_ids(1000 + i, prompt_len, vocab, special)
+        prompt_hash.update(json.dumps(ids).encode())
         params = SamplingParams(max_tokens=gen_len, min_tokens=gen_len, ignore_eos=True, temperature=0.0)
         rid = f"r{i}"
         stamps: list[float] = []
@@ -112,7 +122,7 @@ def run(cfg: dict) -> dict:
             "block_size": cache.block_size,
             "kv_tokens": (cache.num_gpu_blocks or 0) * cache.block_size if getattr(cache, "num_gpu_blocks", None) else None,
             "enforce_eager": vc.model_config.enforce_eager,
-            "compilation_mode": str(vc.compilation_config.mode),
+            "compilation_mode": getattr(vc.compilation_config.mode, "name", str(vc.compilation_config.mode)),
             "multiprocess_engine_core": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1",
             "prefix_caching": cache.enable_prefix_caching,
             "runtime_plugin_loaded": os.environ.get("EDGE_HARNESS_RUNTIME_LOADED") == "1",
@@ -121,6 +131,8 @@ def run(cfg: dict) -> dict:
                       "context_len": context_len, "max_num_seqs": max_num_seqs, "eager": bool(cfg.get("eager", True))},
         "kv_bytes_per_token": kv_bytes_per_token(hf_config, dtype_size),
         "timings": {"import_s": t0 - t_import, "load_s": t_loaded - t0},
+        "after_load": after_load,
+        "prompt_token_hash": prompt_hash.hexdigest(),
         "samples": samples,
     }
     return result

@@ -1,0 +1,161 @@
+"""`harness check`: every artifact valid, its provenance complete, its id matching its content.
+
+One line per problem, `path: field: reason`. Reads only; never changes a file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import ValidationError
+
+from harness.artifact import compute_id, parse
+from harness.errors import UserError
+
+# Dotted paths that every run artifact must carry, non-empty.
+REQUIRED = (
+    "grid.path", "grid.sha256", "grid.name", "grid.cell", "grid.arm", "grid.order", "grid.run_key",
+    "model.name", "model.form", "model.source", "model.format", "model.dtype",
+    "engine.name", "engine.version", "engine.build_commit", "engine.build",
+    "harness.version", "harness.commit",
+    "host.cpu.model", "host.cpu.isa", "host.cpu.logical_cores", "host.cpu.physical_cores", "host.numa",
+    "host.memory.total_bytes", "host.memory.available_bytes", "host.cgroup", "host.kernel", "host.governor",
+    "host.loadavg_before", "host.loadavg_after",
+    "execution.threads", "execution.cpu_affinity", "execution.numa_policy", "execution.env",
+    "execution.requested", "execution.compile_cache",
+    "workload.prompt_token_hash",
+    "residency.after_load", "residency.peak_memory", "residency.page_cache",
+    "timing.start", "timing.end",
+)
+REQUIRED_OK = ("execution.effective", "execution.command", "metrics")
+REQUIRED_MODEL = ("model.files", "residency.before", "residency.after_run")
+
+
+def _get(doc: Any, dotted: str) -> Any:
+    cur = doc
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return KeyError
+        cur = cur[part]
+    return cur
+
+
+def _empty(v: Any) -> bool:
+    return v is None or v == "" or v == [] or v == {}
+
+
+def _sha_cache() -> Any:
+    from harness.hashcache import HashCache
+    return HashCache.default()
+
+
+def check_doc(doc: Any, where: str, verify_models: bool = True) -> list[str]:
+    """Problems with one parsed JSON document."""
+    problems = []
+    if not isinstance(doc, dict):
+        return [f"{where}: (top level): not a JSON object"]
+    try:
+        a = parse(doc, where)
+    except UserError as e:
+        return [f"{where}: {e.problem}"]
+    except ValidationError as e:
+        return [f"{where}: {'.'.join(str(x) for x in err['loc']) or '(top level)'}: {err['msg']}" for err in e.errors()]
+    if compute_id(doc) != doc.get("id"):
+        problems.append(f"{where}: id: does not match the content (edited after it was written?)")
+    name = Path(where).name
+    if name.endswith(".json") and name[:-5] != doc.get("id"):
+        problems.append(f"{where}: id: file name is not <id>.json")
+    needed = list(REQUIRED)
+    if a.status == "ok":
+        needed += REQUIRED_OK
+    else:
+        needed += ["error"]
+    if a.engine.name != "command":
+        needed += REQUIRED_MODEL
+    for f in needed:
+        v = _get(doc, f)
+        if v is KeyError:
+            problems.append(f"{where}: {f}: missing")
+        elif _empty(v):
+            problems.append(f"{where}: {f}: empty")
+    if a.harness.dirty:
+        problems.append(f"{where}: harness.dirty: written by a dirty tree ({', '.join(a.harness.dirty_files[:3])}); "
+                        "published artifacts come from clean trees")
+    if a.status == "ok":
+        for mname, m in a.metrics.items():
+            if not m.samples:
+                problems.append(f"{where}: metrics.{mname}.samples: empty (raw samples are required)")
+    if verify_models and a.model.files:
+        problems += _check_model_files(a, where)
+    return problems
+
+
+def _check_model_files(a: Any, where: str) -> list[str]:
+    from harness import models
+    if a.model.name not in models.MODELS:
+        return [f"{where}: model.name: unknown model {a.model.name!r}"]
+    try:
+        root = models.model_dir(a.model.name)
+    except Exception:
+        return []
+    if not root.exists():
+        return []  # the model is not prepared here: nothing local to compare with
+    cache = _sha_cache()
+    out = []
+    for f in a.model.files:
+        p = root / f.path
+        if p.exists() and cache.sha256(p) != f.sha256:
+            out.append(f"{where}: model.files[{f.path}].sha256: differs from the local file {p}")
+    cache.save()
+    return out
+
+
+def iter_artifact_paths(paths: Iterable[str]) -> tuple[list[Path], list[str]]:
+    files, problems = [], []
+    for p in map(Path, paths):
+        if p.is_symlink():
+            problems.append(f"{p}: (file): is a symlink; artifacts are plain files")
+        elif p.is_dir():
+            for q in sorted(p.rglob("*.json")):
+                if q.is_symlink():
+                    problems.append(f"{q}: (file): is a symlink; artifacts are plain files")
+                elif not q.name.startswith(".tmp-"):
+                    files.append(q)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UserError(str(p), "no such file or directory", "pass artifact files or store directories")
+    return files, problems
+
+
+def check(paths: Iterable[str], verify_models: bool = True) -> tuple[int, list[str]]:
+    """(number of artifacts checked, problems)."""
+    files, problems = iter_artifact_paths(paths)
+    seen: dict[str, Path] = {}
+    for f in files:
+        where = str(f)
+        try:
+            raw = f.read_bytes()
+        except OSError as e:
+            problems.append(f"{where}: (file): unreadable: {e.strerror}")
+            continue
+        if not raw.strip():
+            problems.append(f"{where}: (file): empty file")
+            continue
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            problems.append(f"{where}: (file): not UTF-8 at byte {e.start}")
+            continue
+        except ValueError as e:
+            problems.append(f"{where}: (file): invalid JSON ({e.msg} at line {e.lineno}); truncated?")
+            continue
+        problems += check_doc(doc, where, verify_models)
+        aid = doc.get("id") if isinstance(doc, dict) else None
+        if isinstance(aid, str):
+            if aid in seen and seen[aid].resolve() != f.resolve():
+                problems.append(f"{where}: id: duplicate of {seen[aid]}")
+            seen.setdefault(aid, f)
+    return len(files), problems

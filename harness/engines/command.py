@@ -1,0 +1,66 @@
+"""The command engine: any shell command as an arm, timed as a whole process (like hyperfine).
+
+Options: cmd (required, run with /bin/sh -c). Each warm-up and repetition is a fresh process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any
+
+from harness.engines.base import EngineResult, RunContext, affinity_prefix, failed, run_process, tail
+from harness.errors import UserError
+
+
+class Command:
+    name = "command"
+    default_form = "none"
+
+    def check(self, model: str, form: str | None) -> str:
+        return form or self.default_form
+
+    def engine_info(self) -> dict[str, Any]:
+        sh = os.path.realpath("/bin/sh")
+        with open(sh, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        return {"name": "command", "version": "n/a", "build_commit": "n/a (user command)",
+                "build": {"shell": sh, "shell_sha256": digest}}
+
+    def run(self, ctx: RunContext, form: str) -> EngineResult:
+        cmd_text = ctx.arm.options.get("cmd")
+        if not isinstance(cmd_text, str) or not cmd_text.strip():
+            raise UserError(f"arms[{ctx.arm.name}].options.cmd", "the command engine needs a cmd string",
+                            "e.g. options: {cmd: 'sleep 0.1'}")
+        bad = set(ctx.arm.options) - {"cmd", "threads"}
+        if bad:
+            raise UserError(f"arms[{ctx.arm.name}].options.{sorted(bad)[0]}", "unknown command option", "known: cmd, threads")
+        # Cell parameters are visible to the command, so one command can serve a sweep.
+        env_rec = {**ctx.arm.env, "OMP_NUM_THREADS": str(ctx.threads),
+                   **{f"HARNESS_{k.upper()}": str(v) for k, v in ctx.params.items()},
+                   "HARNESS_ARM": ctx.arm.name, "HARNESS_PASS": str(ctx.run.pass_index)}
+        env = {**os.environ, **env_rec}
+        cmd = affinity_prefix(ctx.cpus if ctx.arm.cpus else None, ctx.arm.numa) + ["/bin/sh", "-c", cmd_text]
+        info = self.engine_info()
+        requested = {"cmd": cmd_text, "threads": ctx.threads}
+        walls, warm = [], []
+        peak: dict = {"status": "unknown"}
+        deadline = time.time() + ctx.timeout_s
+        for i in range(ctx.spec.warmups + ctx.spec.repetitions):
+            r = run_process(cmd, env, max(0.1, deadline - time.time()), poll_s=0.05)
+            if r.peak_memory.get("rss_bytes", 0) >= peak.get("rss_bytes", 0):
+                peak = r.peak_memory
+            if r.timed_out:
+                return failed("timeout", f"command exceeded the run's {ctx.timeout_s:.0f} s", cmd, env_rec, r.stderr,
+                              info, requested, peak)
+            if r.returncode != 0:
+                return failed("failed", f"command exited {r.returncode}: {tail(r.stderr, 1)}", cmd, env_rec, r.stderr,
+                              info, requested, peak)
+            (warm if i < ctx.spec.warmups else walls).append(r.wall_s)
+        metrics = {"wall_s": {"unit": "s", "samples": walls, "warmup_samples": warm, "higher_is_better": False,
+                              "definition": "wall time of one fresh /bin/sh -c process, start to exit, per repetition"}}
+        return EngineResult(status="ok", metrics=metrics, engine=info, requested=requested,
+                            effective={"cmd": cmd_text, "threads": ctx.threads}, command=cmd, env=env_rec,
+                            peak_memory=peak, after_load={"status": "n/a", "reason": "a command has no load phase"},
+                            prompt_token_hash="n/a (command engine)")

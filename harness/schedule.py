@@ -1,0 +1,114 @@
+"""Run order: interleaved arms, balanced across passes, seeded; or sequential, or random.
+
+Interleaved: pass-major; within each pass every cell runs every arm once, in an order that
+is balanced across passes (ABBA for two arms, a seeded Williams design for more).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from harness.grid import Cell, GridSpec, arms_for, expand
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    cell: Cell
+    arm: str
+    pass_index: int
+    position: int  # position within its pass, 0-based
+    index: int  # position in the whole schedule
+
+    @property
+    def run_key(self) -> str:
+        return run_key(self.cell.id, self.arm, self.pass_index)
+
+
+def run_key(cell_id: str, arm: str, pass_index: int) -> str:
+    return hashlib.sha256(f"{cell_id}|{arm}|{pass_index}".encode()).hexdigest()[:16]
+
+
+def williams(n: int) -> list[list[int]]:
+    """A Williams design: each item comes first equally often and precedes each other item
+    equally often (carry-over balanced); n rows for even n, 2n for odd n."""
+    first = [0]
+    lo, hi = 1, n - 1
+    for i in range(1, n):
+        if i % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    if n % 2:
+        rows += [list(reversed(r)) for r in rows]
+    return rows
+
+
+def arm_orders(n_arms: int, passes: int, seed: int) -> list[list[int]]:
+    """The arm order of each pass."""
+    if n_arms == 1:
+        return [[0]] * passes
+    if n_arms == 2:
+        abba = [[0, 1], [1, 0], [1, 0], [0, 1]]
+        return [abba[p % 4] for p in range(passes)]
+    rows = williams(n_arms)
+    rng = random.Random(seed)
+    out: list[list[int]] = []
+    while len(out) < passes:
+        block = rows[:]
+        rng.shuffle(block)  # a seeded order of rows in each block of the design
+        out.extend(block)
+    return out[:passes]
+
+
+def schedule(spec: GridSpec) -> list[RunSpec]:
+    cells = expand(spec)
+    entries: list[tuple[Cell, str, int, int]] = []  # cell, arm, pass, position
+    if spec.order == "interleaved":
+        for p in range(spec.passes):
+            pos = 0
+            for ci, cell in enumerate(cells):
+                arms = arms_for(spec, cell)
+                # each cell gets its own rotation of the design so arm order is not aligned across cells
+                orders = arm_orders(len(arms), spec.passes, spec.seed + ci)
+                for k in orders[p]:
+                    entries.append((cell, arms[k].name, p, pos))
+                    pos += 1
+    elif spec.order == "sequential":
+        for cell in cells:
+            for arm in arms_for(spec, cell):
+                for p in range(spec.passes):
+                    entries.append((cell, arm.name, p, 0))
+    else:  # random
+        for p in range(spec.passes):
+            for cell in cells:
+                for arm in arms_for(spec, cell):
+                    entries.append((cell, arm.name, p, 0))
+        random.Random(spec.seed).shuffle(entries)
+    if spec.order != "interleaved":
+        counters: dict[int, int] = {}
+        fixed = []
+        for cell, arm, p, _ in entries:
+            fixed.append((cell, arm, p, counters.get(p, 0)))
+            counters[p] = counters.get(p, 0) + 1
+        entries = fixed
+    return [RunSpec(cell=c, arm=a, pass_index=p, position=pos, index=i) for i, (c, a, p, pos) in enumerate(entries)]
+
+
+def plan_rows(runs: list[RunSpec]) -> list[dict]:
+    return [{"index": r.index, "cell": r.cell.id, "arm": r.arm, "pass": r.pass_index, "position": r.position,
+             "run_key": r.run_key} for r in runs]
+
+
+def format_plan(spec: GridSpec, runs: list[RunSpec]) -> str:
+    cells = expand(spec)
+    lines = [f"grid {spec.name} ({spec.path}, sha256 {spec.sha256[:12]}): {len(cells)} cells x "
+             f"{len(spec.arms)} arms x {spec.passes} passes = {len(runs)} runs, order {spec.order}, seed {spec.seed}",
+             f"{'#':>4}  {'pass':>4}  {'pos':>3}  {'arm':<20} cell"]
+    for r in runs:
+        lines.append(f"{r.index:>4}  {r.pass_index:>4}  {r.position:>3}  {r.arm:<20} {r.cell.id}")
+    return "\n".join(lines)

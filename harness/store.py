@@ -1,0 +1,81 @@
+"""The artifact store: artifacts/<grid-name>/<artifact-id>.json, written atomically, never overwritten.
+
+Reading is strict: a file that does not parse or validate is reported, never repaired.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from harness.artifact import RunArtifact, dumps, parse
+from harness.errors import UserError
+
+
+@dataclass
+class Store:
+    root: Path
+
+    def grid_dir(self, grid_name: str) -> Path:
+        return self.root / grid_name
+
+    def path_for(self, a: RunArtifact) -> Path:
+        return self.grid_dir(a.grid.name) / f"{a.id}.json"
+
+    def write(self, a: RunArtifact) -> Path:
+        """Atomic: temporary file, fsync, rename. An existing artifact is never overwritten."""
+        dest = self.path_for(a)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            return dest  # same id means same content: nothing to do
+        data = dumps(a).encode()
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, dest)  # fails rather than overwrite if another writer got there first
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        dfd = os.open(dest.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return dest
+
+    def iter_paths(self, grid_name: str | None = None) -> Iterator[Path]:
+        base = self.grid_dir(grid_name) if grid_name else self.root
+        if not base.exists():
+            return
+        yield from sorted(p for p in base.rglob("*.json") if not p.name.startswith(".tmp-"))
+
+    def load_grid(self, grid_name: str) -> list[RunArtifact]:
+        return [load_path(p) for p in self.iter_paths(grid_name)]
+
+
+def load_path(path: Path) -> RunArtifact:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UserError(str(path), f"unreadable: {e.strerror}", "check the path") from e
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(str(path), f"not UTF-8 at byte {e.start}", "restore the artifact from git") from e
+    except ValueError as e:
+        raise UserError(str(path), f"invalid JSON: {e}", "restore the artifact from git (truncated?)") from e
+    from pydantic import ValidationError
+    try:
+        return parse(doc, str(path))
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"])
+        raise UserError(str(path), f"{field}: {err['msg']}", "restore the artifact from git") from e
