@@ -44,10 +44,11 @@ models: venv llama.cpp
 
 demo: setup
 	$(HARNESS) probe > /dev/null
-	$(HARNESS) measure llama.cpp --model smollm2-135m --form gguf-f32 --prompt-len 128 --gen-len 32 --context-len 256 --threads 2 --out artifacts/demo
-	$(HARNESS) measure vllm --model smollm2-135m --form hf-fp32 --prompt-len 128 --gen-len 32 --context-len 256 --threads 2 --out artifacts/demo
-	$(HARNESS) report --store artifacts/demo --out reports/demo.md
-	@echo "[demo] report: reports/demo.md"
+	$(HARNESS) plan grids/quickstart.yaml
+	$(HARNESS) run grids/quickstart.yaml --store artifacts
+	$(HARNESS) check artifacts baselines
+	$(HARNESS) report --out reports/results.md
+	@echo "[demo] report: reports/results.md"
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -57,13 +57,17 @@ def check_doc(doc: Any, where: str, verify_models: bool = True) -> list[str]:
     if not isinstance(doc, dict):
         return [f"{where}: (top level): not a JSON object"]
     try:
+        if compute_id(doc) != doc.get("id"):
+            problems.append(f"{where}: id: does not match the content (edited after it was written?)")
+    except ValueError as e:  # NaN or infinity cannot be canonical JSON
+        problems.append(f"{where}: id: content is not canonical JSON ({e})")
+    try:
         a = parse(doc, where)
     except UserError as e:
-        return [f"{where}: {e.problem}"]
+        return problems + [f"{where}: {e.problem}"]
     except ValidationError as e:
-        return [f"{where}: {'.'.join(str(x) for x in err['loc']) or '(top level)'}: {err['msg']}" for err in e.errors()]
-    if compute_id(doc) != doc.get("id"):
-        problems.append(f"{where}: id: does not match the content (edited after it was written?)")
+        return problems + [f"{where}: {'.'.join(str(x) for x in err['loc']) or '(top level)'}: {err['msg']}"
+                           for err in e.errors()]
     name = Path(where).name
     if name.endswith(".json") and name[:-5] != doc.get("id"):
         problems.append(f"{where}: id: file name is not <id>.json")

@@ -53,15 +53,6 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_measure(args: argparse.Namespace) -> int:
-    from harness import quick
-    rec = quick.measure(args.engine, model=args.model, form=args.form, prompt_len=args.prompt_len,
-                        gen_len=args.gen_len, context_len=args.context_len, threads=args.threads,
-                        repetitions=args.repetitions, out_dir=args.out)
-    print(quick.format_record(rec))
-    return 0 if rec["status"] == "ok" else 1
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     from harness import grid, schedule
     spec = grid.load(args.grid)
@@ -92,17 +83,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness import quick
-    text = quick.render(args.store)
+    from harness import report
+    text = report.render(args.store)
     if args.check:
-        try:
-            with open(args.out) as f:
-                current = f.read()
-        except OSError:
-            current = ""
-        if current != text:
-            print(f"{args.out}: stale: regenerate with `harness report --out {args.out}`")
+        diff = report.check_file(args.out, text)
+        if diff:
+            print(f"{args.out}: stale: differs from what the store regenerates; run `harness report --out {args.out}`")
+            print("\n".join(diff))
             return 1
+        print(f"{args.out}: up to date")
         return 0
     with open(args.out, "w") as f:
         f.write(text)
@@ -133,18 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
     sb = sub.add_parser("build", help="build the pinned llama.cpp (cached outside the checkout)")
     sb.add_argument("--rebuild", action="store_true")
     sb.set_defaults(func=cmd_build)
-
-    me = sub.add_parser("measure", help="one real measurement of one engine (until the grid runner exists)")
-    me.add_argument("engine", choices=["llama.cpp", "vllm"])
-    me.add_argument("--model", default="smollm2-135m")
-    me.add_argument("--form", default=None, help="model form (default: gguf-f32 for llama.cpp, hf-fp32 for vllm)")
-    me.add_argument("--prompt-len", type=int, required=True)
-    me.add_argument("--gen-len", type=int, required=True)
-    me.add_argument("--context-len", type=int, required=True)
-    me.add_argument("--threads", type=int, default=None)
-    me.add_argument("--repetitions", type=int, default=3)
-    me.add_argument("--out", default="artifacts/demo", help="directory for the result JSON")
-    me.set_defaults(func=cmd_measure)
 
     spl = sub.add_parser("plan", help="expansion and exact run order; no engine started")
     spl.add_argument("grid")

@@ -159,13 +159,16 @@ def _build_smollm2(work: Path) -> dict:
     }
 
 
-TINY_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
+TINY_CONFIG = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, max_position_embeddings=2048, rms_norm_eps=1e-5,
                    rope_theta=10000.0, tie_word_embeddings=True)
 
 
 def _build_tiny(work: Path) -> dict:
-    """A tiny random-weight Llama with SmolLM2's tokenizer: both real engines run it in seconds."""
+    """A tiny random-weight Llama with SmolLM2's tokenizer: both real engines run it in seconds.
+
+    head_dim 64: vLLM's CPU attention has no kernel for head_dim 16 ("Unsupported CPU attention configuration").
+    """
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 

@@ -98,9 +98,13 @@ class Vllm:
             return failed("failed", res.get("error", "unknown worker error"), cmd, arm_env,
                           (res.get("traceback") or "") + "\n" + r.stderr, info, requested, r.peak_memory)
         metrics = self._metrics(res, int(cfg["prompt_len"]), int(cfg["gen_len"]))
+        form_root = models.load_manifest(ctx.spec.model)["forms"][form]["path"]
+        after_load = dict(res["after_load"])
+        if isinstance(after_load.get("files"), dict):  # same keys as before/after_run: paths in the model dir
+            after_load["files"] = {f"{form_root}/{k}": v for k, v in after_load["files"].items()}
         effective = {**res["effective"], "kv_bytes_per_token": res["kv_bytes_per_token"], "timings": res["timings"]}
         return EngineResult(status="ok", metrics=metrics, engine=info, requested=requested, effective=effective,
-                            command=cmd, env=arm_env, peak_memory=r.peak_memory, after_load=res["after_load"],
+                            command=cmd, env=arm_env, peak_memory=r.peak_memory, after_load=after_load,
                             prompt_token_hash=res["prompt_token_hash"],
                             compile_cache={"key": key, "dir": str(cdir), "state": state},
                             eager=res["effective"]["enforce_eager"], stderr_tail=None)

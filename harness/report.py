@@ -1,0 +1,143 @@
+"""Reports rendered from the artifact store with jinja2: results.md, byte-identical for the same store.
+
+Every figure is a median over passes with its spread and n, and, for non-baseline arms, the
+paired ratio to the grid's baseline arm with its bootstrap CI and verdict.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import defaultdict
+from pathlib import Path
+
+import jinja2
+
+from harness import stats
+from harness.artifact import RunArtifact
+from harness.paths import PROJECT_ROOT
+from harness.store import Store
+
+TEMPLATES = PROJECT_ROOT / "reports" / "templates"
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    if abs(x) >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def _series(arts: list[RunArtifact]) -> list[RunArtifact]:
+    """The newest series of a grid: artifacts stamped with the grid sha256 of the latest run."""
+    latest = max(arts, key=lambda a: a.timing.end)
+    return [a for a in arts if a.grid.sha256 == latest.grid.sha256]
+
+
+def grid_section(name: str, arts: list[RunArtifact]) -> dict:
+    arts = _series(arts)
+    first = arts[0]
+    ok = [a for a in arts if a.status == "ok"]
+    cells = sorted({a.grid.cell for a in arts})
+    arms = sorted({a.grid.arm for a in arts}, key=lambda n: (n != first.grid.baseline_arm, n))
+    metric_names = sorted({m for a in ok for m in a.metrics})
+    # value of a run = median of its repetitions; keyed by (cell, arm, pass)
+    runs: dict[tuple, RunArtifact] = {}
+    for a in sorted(ok, key=lambda a: a.timing.end):
+        runs[(a.grid.cell, a.grid.arm, a.grid.pass_index)] = a
+    failed = defaultdict(int)
+    for a in arts:
+        if a.status != "ok":
+            failed[(a.grid.cell, a.grid.arm)] += 1
+    tables = []
+    for metric in metric_names:
+        rows, comps = [], []
+        for cell in cells:
+            base_vals = {p: stats.summarize(r.metrics[metric].samples).median
+                         for (c, arm, p), r in runs.items() if c == cell and arm == first.grid.baseline_arm
+                         and metric in r.metrics}
+            for arm in arms:
+                per_pass = {p: r for (c, am, p), r in runs.items() if c == cell and am == arm and metric in r.metrics}
+                if not per_pass:
+                    continue
+                m0 = next(iter(per_pass.values())).metrics[metric]
+                vals = [stats.summarize(r.metrics[metric].samples).median for _, r in sorted(per_pass.items())]
+                s = stats.summarize(vals)
+                n_samples = sum(len(r.metrics[metric].samples) for r in per_pass.values())
+                row = {"cell": cell, "arm": arm, "unit": m0.unit, "median": _fmt(s.median), "iqr": _fmt(s.iqr),
+                       "range": f"{_fmt(s.lo)}-{_fmt(s.hi)}", "n": f"{s.n} runs / {n_samples} samples",
+                       "failed": failed.get((cell, arm), 0), "ratio": "baseline" if arm == first.grid.baseline_arm else "",
+                       "verdict": "", "hib": m0.higher_is_better}
+                if arm != first.grid.baseline_arm:
+                    common = sorted(set(per_pass) & set(base_vals))
+                    if common:
+                        c = stats.compare([stats.summarize(per_pass[p].metrics[metric].samples).median for p in common],
+                                          [base_vals[p] for p in common], m0.higher_is_better)
+                        comps.append((row, c))
+                    else:
+                        row["ratio"] = "no paired baseline"
+                rows.append(row)
+        adjusted = stats.holm([c.p_value for _, c in comps])
+        for (row, c), padj in zip(comps, adjusted):
+            c2 = stats.Comparison(**{**c.__dict__, "p_adjusted": padj})
+            row["ratio"] = f"{c.ratio_median:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}]"
+            row["verdict"] = stats.verdict(c2, row["hib"])
+            row["p"] = "-" if padj is None else f"{padj:.3g}"
+            row["warnings"] = list(c.warnings)
+        tables.append({"metric": metric, "unit": rows[0]["unit"] if rows else "",
+                       "definitions": sorted({(r.engine.name, r.metrics[metric].definition) for r in ok if metric in r.metrics}),
+                       "rows": rows})
+    warnings = sorted({w for t in tables for r in t["rows"] for w in r.get("warnings", [])})
+    engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit) for a in arts})
+    model_files = sorted({(a.model.form, f.path, f.sha256[:12]) for a in arts for f in a.model.files
+                          if f.path.endswith((".gguf", ".safetensors"))})
+    return {
+        "name": name, "grid_path": first.grid.path, "grid_sha": first.grid.sha256[:12], "order": first.grid.order,
+        "passes": len({a.grid.pass_index for a in arts}), "baseline": first.grid.baseline_arm, "model": first.model.name,
+        "n_artifacts": len(arts), "n_failed": sum(1 for a in arts if a.status != "ok"), "tables": tables,
+        "warnings": warnings, "engines": engines, "model_files": model_files,
+        "host": f"{first.host['cpu']['model']}, {first.host['cpu']['logical_cores']} logical cores, "
+                f"{first.host['kernel']}",
+        "harness_commits": sorted({a.harness.commit[:12] for a in arts}),
+        "dirty": any(a.harness.dirty for a in arts),
+        "dates": f"{min(a.timing.start for a in arts)[:10]} to {max(a.timing.end for a in arts)[:10]}",
+        "store_dir": "",
+    }
+
+
+def collect(store_dirs: list[str]) -> dict[str, list[RunArtifact]]:
+    by_grid: dict[str, list[RunArtifact]] = defaultdict(list)
+    for d in store_dirs:
+        st = Store(Path(d))
+        for p in st.iter_paths():
+            from harness.store import load_path
+            a = load_path(p)
+            by_grid[a.grid.name].append(a)
+    return dict(sorted(by_grid.items()))
+
+
+def render(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> str:
+    store_dirs = store_dirs or ["artifacts", "baselines"]
+    grids = collect([d for d in store_dirs if Path(d).exists()])
+    sections = []
+    for name, arts in grids.items():
+        sec = grid_section(name, arts)
+        sec["store_dir"] = next((d for d in store_dirs if (Path(d) / name).exists()), "")
+        sections.append(sec)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    return env.get_template(template).render(sections=sections, stores=store_dirs)
+
+
+def check_file(path: str, text: str) -> list[str]:
+    try:
+        current = Path(path).read_text()
+    except OSError:
+        current = ""
+    if current == text:
+        return []
+    diff = list(difflib.unified_diff(current.splitlines(), text.splitlines(), f"{path} (on disk)", f"{path} (from store)",
+                                     lineterm="", n=0))
+    return diff[:40]

@@ -1,0 +1,119 @@
+"""Grid parsing, validation messages, pure expansion and balanced interleaving."""
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import grid, schedule
+from harness.errors import UserError
+
+from conftest import COMMAND_GRID
+
+
+def _spec(**over):
+    doc = {"name": "g", "arms": [{"name": "a", "engine": "command", "options": {"cmd": "true"}},
+                                 {"name": "b", "engine": "command", "options": {"cmd": "true"}}],
+           "workload": {"prompt_len": 8, "context_len": 16, "gen_len": 4}, "threads": 1, "passes": 4}
+    doc.update(over)
+    return grid.from_dict(doc, "g.yaml", "0" * 64)
+
+
+def test_load_and_expand(write_grid):
+    spec = grid.load(write_grid(COMMAND_GRID))
+    cells = grid.expand(spec)
+    assert len(cells) == 1 and cells[0].params["prompt_len"] == 1
+    assert len(spec.sha256) == 64
+
+
+@pytest.mark.parametrize("missing", ["prompt_len", "context_len", "gen_len"])
+def test_workload_shape_has_no_default(missing):
+    wl = {"prompt_len": 8, "context_len": 16, "gen_len": 4}
+    del wl[missing]
+    with pytest.raises(UserError) as e:
+        _spec(workload=wl)
+    msg = str(e.value)
+    assert f"workload.{missing}" in msg and "no default" in msg and "wrong conclusion" in msg and "g.yaml" in msg
+
+
+def test_axis_may_supply_workload():
+    spec = _spec(workload={"context_len": 64, "gen_len": 4}, axes={"prompt_len": [8, 16]})
+    assert [c.params["prompt_len"] for c in grid.expand(spec)] == [8, 16]
+
+
+def test_unknown_engine_lists_known():
+    with pytest.raises(UserError) as e:
+        _spec(arms=[{"name": "x", "engine": "tensorrt"}])
+    assert "arms[0].engine" in str(e.value) and "llama.cpp" in str(e.value) and "vllm" in str(e.value)
+
+
+def test_unknown_axis_and_field():
+    with pytest.raises(UserError, match=r"axes.flavour: unknown axis.*threads"):
+        _spec(axes={"flavour": [1]})
+    with pytest.raises(UserError, match=r"pases: unknown field"):
+        _spec(pases=3)
+
+
+def test_unknown_baseline_and_order():
+    with pytest.raises(UserError, match="baseline"):
+        _spec(baseline="zzz")
+    with pytest.raises(UserError, match="order.*interleaved"):
+        _spec(order="zigzag")
+
+
+def test_yaml_object_tags_refused(write_grid):
+    p = write_grid("name: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(UserError, match="invalid YAML"):
+        grid.load(p)
+
+
+def test_exclude_and_include():
+    spec = _spec(axes={"threads": [1, 2], "prompt_len": [8, 16]}, exclude=[{"threads": 2, "prompt_len": 16}])
+    assert len(grid.expand(spec)) == 3
+    spec = _spec(axes={"threads": [1, 2]}, exclude=[{"threads": 2, "arm": "b"}])
+    cells = grid.expand(spec)
+    assert [a.name for a in grid.arms_for(spec, cells[1])] == ["a"]
+    spec = _spec(axes={"threads": [1, 2, 4]}, include=[{"threads": 4}])
+    assert [c.params["threads"] for c in grid.expand(spec)] == [4]
+
+
+def test_two_arm_abba():
+    runs = schedule.schedule(_spec(passes=4))
+    orders = [[r.arm for r in runs if r.pass_index == p] for p in range(4)]
+    assert orders == [["a", "b"], ["b", "a"], ["b", "a"], ["a", "b"]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_arms=st.integers(1, 5), passes=st.integers(1, 12), n_threads=st.integers(1, 3),
+       order=st.sampled_from(grid.ORDERS), seed=st.integers(0, 1000))
+def test_every_cell_arm_once_per_pass(n_arms, passes, n_threads, order, seed):
+    arms = [{"name": f"arm{i}", "engine": "command", "options": {"cmd": "true"}} for i in range(n_arms)]
+    spec = _spec(arms=arms, passes=passes, axes={"threads": list(range(1, n_threads + 1))}, order=order, seed=seed)
+    runs = schedule.schedule(spec)
+    cells = grid.expand(spec)
+    assert len(runs) == len(cells) * n_arms * passes
+    c = Counter((r.cell.id, r.arm, r.pass_index) for r in runs)
+    assert set(c.values()) == {1}
+    assert [r.index for r in runs] == list(range(len(runs)))
+    for p in range(passes):
+        assert sorted(r.position for r in runs if r.pass_index == p) == list(range(len(cells) * n_arms))
+    assert schedule.schedule(spec) == runs  # deterministic for a seed
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_arms=st.integers(2, 6), blocks=st.integers(1, 3), seed=st.integers(0, 100))
+def test_interleaving_is_balanced(n_arms, blocks, seed):
+    """Over whole blocks of the design each arm goes first equally often."""
+    block = 4 if n_arms == 2 else (n_arms if n_arms % 2 == 0 else 2 * n_arms)
+    orders = schedule.arm_orders(n_arms, block * blocks, seed)
+    firsts = Counter(o[0] for o in orders)
+    assert set(firsts.values()) == {block * blocks // n_arms} and len(firsts) == n_arms
+    assert all(sorted(o) == list(range(n_arms)) for o in orders)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6])
+def test_williams_carryover_balance(n):
+    rows = schedule.williams(n)
+    pairs = Counter((r[i], r[i + 1]) for r in rows for i in range(n - 1))
+    assert len(set(pairs.values())) == 1 and len(pairs) == n * (n - 1)

@@ -1,0 +1,104 @@
+"""The runner end to end with the command engine: faults, resume, a changed grid, an interrupted grid."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness import runner
+from harness.store import Store, load_path
+
+
+def _arts(store: Path, name: str):
+    return [load_path(p) for p in Store(store).iter_paths(name)]
+
+
+def test_failure_and_timeout_are_stored_and_grid_goes_on(write_grid, tmp_path):
+    g = write_grid("""
+        name: faults
+        arms:
+          - {name: ok, engine: command, options: {cmd: "true"}}
+          - {name: crash, engine: command, options: {cmd: "echo boom >&2; exit 3"}}
+          - {name: hang, engine: command, options: {cmd: "sleep 30"}}
+        workload: {prompt_len: 1, context_len: 1, gen_len: 1}
+        threads: 1
+        passes: 1
+        repetitions: 1
+        warmups: 0
+        timeout_s: 1
+    """)
+    s = runner.run(str(g), store_root=tmp_path / "st")
+    arts = {a.grid.arm: a for a in _arts(tmp_path / "st", "faults")}
+    assert s.done == 1 and s.failed == 2
+    assert arts["ok"].status == "ok"
+    assert arts["crash"].status == "failed" and "exited 3" in arts["crash"].error and "boom" in arts["crash"].stderr_tail
+    assert arts["hang"].status == "timeout" and arts["hang"].timing.duration_s < 10
+
+
+def test_resume_skips_finished_runs(write_grid, tmp_path):
+    from conftest import COMMAND_GRID
+    g = write_grid(COMMAND_GRID)
+    s1 = runner.run(str(g), store_root=tmp_path / "st")
+    s2 = runner.run(str(g), store_root=tmp_path / "st")
+    assert s1.done == 8 and s2.done == 0 and s2.skipped == 8
+    assert len(_arts(tmp_path / "st", "cmd")) == 8
+
+
+def test_changed_grid_is_not_mixed(write_grid, tmp_path, cli):
+    from conftest import COMMAND_GRID
+    g = write_grid(COMMAND_GRID)
+    runner.run(str(g), store_root=tmp_path / "st")
+    g.write_text(COMMAND_GRID.replace("passes: 4", "passes: 2"))
+    rc, out, err = cli("run", g, "--store", tmp_path / "st")
+    assert rc == 2 and "grid file changed" in err and "--new-series" in err
+    rc, _, _ = cli("run", g, "--store", tmp_path / "st", "--new-series")
+    assert rc == 0
+    shas = {a.grid.sha256 for a in _arts(tmp_path / "st", "cmd")}
+    assert len(shas) == 2 and len(_arts(tmp_path / "st", "cmd")) == 12
+
+
+def test_interrupted_grid_resumes_without_losing_runs(write_grid, tmp_path):
+    g = write_grid("""
+        name: slow
+        arms:
+          - {name: a, engine: command, options: {cmd: "sleep 0.3"}}
+          - {name: b, engine: command, options: {cmd: "sleep 0.3"}}
+        workload: {prompt_len: 1, context_len: 1, gen_len: 1}
+        threads: 1
+        passes: 4
+        repetitions: 1
+        warmups: 0
+    """)
+    store = tmp_path / "st"
+    p = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(g), "--store", str(store)],
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and len(list(Store(store).iter_paths("slow"))) < 3:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)  # Ctrl-C midway
+    p.wait(timeout=30)
+    first = {a.id for a in _arts(store, "slow")}
+    assert 3 <= len(first) < 8
+    assert not list((store / "slow").glob(".tmp-*"))  # no half-written files
+    s = runner.run(str(g), store_root=store)
+    arts = _arts(store, "slow")
+    assert first <= {a.id for a in arts}
+    assert sorted((a.grid.arm, a.grid.pass_index) for a in arts if a.status == "ok") == sorted(
+        (arm, p) for arm in "ab" for p in range(4))
+    assert s.skipped == len(first)
+
+
+def test_plan_json_fields(write_grid, cli):
+    from conftest import COMMAND_GRID
+    rc, out, _ = cli("plan", write_grid(COMMAND_GRID), "--json")
+    rows = json.loads(out)
+    assert rc == 0 and len(rows) == 8
+    assert all({"cell", "arm", "pass", "position"} <= set(r) for r in rows)
+
+
+def test_bad_grid_is_one_line_exit_2(write_grid, cli):
+    g = write_grid("name: x\narms: []\n")
+    rc, out, err = cli("plan", g)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "arms" in err and str(g) in err
