@@ -91,8 +91,8 @@ def compare(arm: list[float], base: list[float], higher_is_better: bool = True) 
 
 
 def verdict(c: Comparison, higher_is_better: bool) -> str:
-    if c.n_pairs < 2:
-        return f"not enough passes ({c.n_pairs} pair)"
+    if min_possible_p(c.n_pairs) > ALPHA:
+        return f"undetermined: {c.n_pairs} pass(es) cannot reach p<{ALPHA}"
     p = c.p_adjusted
     if p is None or p >= ALPHA or (c.ci_low <= 1.0 <= c.ci_high):
         mde = f" (smallest detectable ~{c.min_detectable * 100:.0f}%)" if c.min_detectable else ""
