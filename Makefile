@@ -53,6 +53,9 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q tests
 
+bench: venv
+	$(PY) -m harness.bench -n 10000
+
 test-fast: venv
 	$(PY) -m pytest -q tests -m "not engines"
 

@@ -99,6 +99,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    from harness import index
+    from pathlib import Path
+    root = Path(args.store)
+    if not root.is_dir():
+        raise UserError(str(root), "not a store directory", "pass the folder that holds <grid>/<id>.json")
+    stale = index.is_stale(root)
+    if stale or args.force:
+        index.build(root)
+    df = index.load(root)
+    print(f"{index.index_path(root)}: {df['id'].nunique()} artifacts, {len(df)} rows"
+          f"{' (rebuilt)' if stale or args.force else ' (up to date)'}")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from harness.artifact import json_schema
     print(json.dumps(json_schema(), indent=1, sort_keys=True))
@@ -145,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--no-model-hashes", action="store_true", help="skip comparing model sha256 with local files")
     sc.set_defaults(func=cmd_check)
 
+    si = sub.add_parser("index", help="build the parquet index of a store (rebuilt when stale)")
+    si.add_argument("--store", default="artifacts")
+    si.add_argument("--force", action="store_true")
+    si.set_defaults(func=cmd_index)
+
     ss = sub.add_parser("schema", help="the artifact JSON Schema (as in docs/formats.md)")
     ss.set_defaults(func=cmd_schema)
 
@@ -167,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `harness plan ... | head`
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -83,9 +83,13 @@ def grid_section(name: str, arts: list[RunArtifact]) -> dict:
         for (row, c), padj in zip(comps, adjusted):
             c2 = stats.Comparison(**{**c.__dict__, "p_adjusted": padj})
             row["ratio"] = f"{c.ratio_median:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}]"
-            row["verdict"] = stats.verdict(c2, row["hib"])
+            row["verdict"] = stats.verdict(c2, row["hib"], len(comps))
             row["p"] = "-" if padj is None else f"{padj:.3g}"
             row["warnings"] = list(c.warnings)
+            if not stats.reachable(c.n_pairs, len(comps)):
+                need = next(n for n in range(1, 64) if stats.reachable(n, len(comps)))
+                row["warnings"].append(f"{c.n_pairs} passes can never reach p<{stats.ALPHA} with a paired signed-rank "
+                                       f"test over {len(comps)} Holm-corrected comparison(s); run at least {need} passes")
         tables.append({"metric": metric, "unit": rows[0]["unit"] if rows else "",
                        "definitions": sorted({(r.engine.name, r.metrics[metric].definition) for r in ok if metric in r.metrics}),
                        "rows": rows})

@@ -78,9 +78,6 @@ def compare(arm: list[float], base: list[float], higher_is_better: bool = True) 
             p = 1.0
         else:
             p = float(sps.wilcoxon(logs, alternative="two-sided", method="exact" if n <= 25 else "auto").pvalue)
-    if min_possible_p(n) > ALPHA:
-        warnings.append(f"{n} passes can never reach p<{ALPHA} with a paired signed-rank test "
-                        f"(the smallest possible p is {min_possible_p(n):.3g}); run at least 6 passes")
     spread = float(np.percentile(ratios, 75) - np.percentile(ratios, 25)) if n > 1 else 0.0
     if spread > 0.10:
         warnings.append(f"per-pass ratios spread widely (IQR {spread:.2f}); check host load, add passes")
@@ -90,9 +87,14 @@ def compare(arm: list[float], base: list[float], higher_is_better: bool = True) 
                       verdict="", min_detectable=mde, warnings=tuple(warnings))
 
 
-def verdict(c: Comparison, higher_is_better: bool) -> str:
-    if min_possible_p(c.n_pairs) > ALPHA:
-        return f"undetermined: {c.n_pairs} pass(es) cannot reach p<{ALPHA}"
+def reachable(n_pairs: int, m_comparisons: int = 1) -> bool:
+    """Whether n paired passes can reach significance after Holm over m comparisons at all."""
+    return min_possible_p(n_pairs) * max(1, m_comparisons) <= ALPHA
+
+
+def verdict(c: Comparison, higher_is_better: bool, m_comparisons: int = 1) -> str:
+    if not reachable(c.n_pairs, m_comparisons):
+        return f"undetermined: {c.n_pairs} passes cannot reach p<{ALPHA} over {m_comparisons} comparison(s)"
     p = c.p_adjusted
     if p is None or p >= ALPHA or (c.ci_low <= 1.0 <= c.ci_high):
         mde = f" (smallest detectable ~{c.min_detectable * 100:.0f}%)" if c.min_detectable else ""

@@ -184,3 +184,16 @@ def test_store_never_overwrites(store, tmp_path):
 def test_json_schema_exports_every_kind():
     sch = artifact.json_schema()
     assert "run" in sch and "metrics" in sch["run"]["properties"]
+
+
+def test_index_built_and_rebuilt_when_stale(store, tmp_path, cli):
+    from harness import index
+    s = _copy_store(store, tmp_path)
+    assert index.is_stale(s)
+    df = index.load(s)
+    assert df["id"].nunique() == 8 and set(df["metric"]) == {"wall_s"}
+    assert not index.is_stale(s)
+    next((s / "cmd").glob("*.json")).unlink()
+    assert index.is_stale(s)
+    rc, out, _ = cli("index", "--store", s)
+    assert rc == 0 and "7 artifacts" in out and "rebuilt" in out

@@ -1,0 +1,52 @@
+"""Golden test: a small committed store and the exact markdown it must render; statistics on known cases."""
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from harness import report, stats
+from harness.paths import PROJECT_ROOT
+
+GOLDEN = PROJECT_ROOT / "tests" / "golden"
+
+
+def test_golden_markdown(monkeypatch):
+    monkeypatch.chdir(GOLDEN)
+    assert report.render(["store"]) == (GOLDEN / "results.md").read_text()
+
+
+def test_render_is_deterministic(monkeypatch):
+    monkeypatch.chdir(GOLDEN)
+    assert report.render(["store"]) == report.render(["store"])
+
+
+def test_wilcoxon_matches_scipy():
+    a = [1.10, 1.05, 1.07, 1.12, 1.09, 1.06, 1.08, 1.11]
+    b = [1.0] * 8
+    c = stats.compare(a, b)
+    assert c.p_value == pytest.approx(sps.wilcoxon(np.log(a), method="exact").pvalue)
+    assert c.p_value == pytest.approx(2 / 2 ** 8)  # all 8 ratios above 1: the exact two-sided minimum
+    assert c.ci_low <= c.ratio_median <= c.ci_high
+    assert stats.verdict(c, True) == "better" and stats.verdict(c, False) == "worse"
+
+
+def test_identical_samples_no_difference():
+    c = stats.compare([2.0] * 8, [2.0] * 8)
+    assert c.ratio_median == 1.0 and stats.verdict(c, True).startswith("no difference detected")
+
+
+def test_holm_hand_computed():
+    # p = 0.01, 0.04, 0.03 -> sorted 0.01*3=0.03, 0.03*2=0.06, max(0.06, 0.04*1)=0.06
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([None, 0.02]) == [None, 0.02]
+
+
+def test_too_few_passes_is_undetermined():
+    c = stats.compare([1.5, 1.6], [1.0, 1.0])
+    assert stats.verdict(c, True).startswith("undetermined")
+    assert not stats.reachable(6, 2) and stats.reachable(6, 1) and stats.reachable(8, 3)
+
+
+def test_summary_known_values():
+    s = stats.summarize([1, 2, 3, 4, 5])
+    assert (s.median, s.q1, s.q3, s.lo, s.hi, s.n) == (3, 2, 4, 1, 5, 5)
