@@ -86,10 +86,10 @@ def ensure_sdist() -> Path:
         )
     print(f"[llama.cpp] downloading {SDIST_NAME}=={SDIST_VERSION} sdist", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=dl) as tmp:
-        # --no-build-isolation + no deps: only the archive is wanted, not its metadata build
+        # pip prepares the sdist's metadata in an isolated build env (scikit-build-core): ~45 s, once
         r = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             "--no-build-isolation", f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp],
+             f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp],
             capture_output=True, text=True,
         )
         got = Path(tmp) / SDIST_FILE
