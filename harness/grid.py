@@ -136,6 +136,15 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
         cpus = ra.get("cpus")
         if cpus is not None and (not isinstance(cpus, list) or not all(isinstance(c, int) and c >= 0 for c in cpus)):
             raise _err(path, f"{f}.cpus", f"must be a list of CPU numbers, got {cpus!r}")
+        pat = ra.get("patches")
+        if pat is not None:
+            if ra["engine"] != "vllm":
+                raise _err(path, f"{f}.patches", "only the vllm engine has runtime patches")
+            from runtime.patches import NAMES
+            names = [pat] if isinstance(pat, str) else pat
+            if not isinstance(names, list) or any(n not in (*NAMES, "all", "none") for n in names):
+                raise _err(path, f"{f}.patches", f"unknown patch selection {pat!r}",
+                           f"none, all, or a list of: {', '.join(NAMES)}")
         if "threads" in ra:
             opts = {**opts, "threads": _int(path, f"{f}.threads", ra["threads"])}
         arms.append(Arm(name=an, engine=ra["engine"], form=ra.get("form"), options=opts,

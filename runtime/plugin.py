@@ -1,7 +1,6 @@
-"""vLLM general-plugin entry point (group `vllm.general_plugins`).
+"""vLLM general-plugin entry point (group `vllm.general_plugins`): runs in every vLLM process.
 
-vLLM calls `register()` in every process it starts. Patches are added here as they are
-proven (see docs/runtime.md); today the plugin only records that it was loaded.
+Applies the process-environment patches (torch threads) and marks that the runtime loaded.
 """
 
 from __future__ import annotations
@@ -12,5 +11,11 @@ LOADED_ENV = "EDGE_HARNESS_RUNTIME_LOADED"
 
 
 def register() -> None:
-    # A marker the worker reads back, proving the plugin ran in this process tree.
+    from runtime import patches
     os.environ[LOADED_ENV] = "1"
+    try:
+        apply = patches.should_apply("torch-threads")
+    except ValueError:
+        apply = False
+    if apply and "torch-threads" not in patches.APPLIED:
+        patches.APPLIED["torch-threads"] = patches.apply_torch_threads()

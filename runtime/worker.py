@@ -13,24 +13,6 @@ import time
 import traceback
 
 
-def kv_bytes_per_token(hf_config: dict, dtype_size: int) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x dtype size."""
-    layers = hf_config["num_hidden_layers"]
-    heads = hf_config["num_attention_heads"]
-    kv_heads = hf_config.get("num_key_value_heads") or heads
-    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
-    return 2 * layers * kv_heads * head_dim * dtype_size
-
-
-def kv_budget(hf_config: dict, dtype_size: int, context_len: int, max_num_seqs: int, block: int = 128) -> int:
-    """The KV cache for context_len x max_num_seqs, rounded up to whole blocks of `block` tokens.
-
-    One block more than the sequences need: vLLM's block pool reserves block 0 as its null block.
-    """
-    tokens = (-(-context_len // block) * max_num_seqs + 1) * block
-    return kv_bytes_per_token(hf_config, dtype_size) * tokens
-
-
 def _prompt_ids(seed: int, n: int, vocab: int, special: set[int]) -> list[int]:
     import random
     rng = random.Random(seed)
@@ -45,11 +27,10 @@ def _prompt_ids(seed: int, n: int, vocab: int, special: set[int]) -> list[int]:
 def run(cfg: dict) -> dict:
     threads = int(cfg["threads"])
     cpus = cfg.get("cpus") or list(range(threads))
-    # vLLM binds its OpenMP threads itself; "auto" lowered torch to 1 thread here, so bind explicitly.
+    # The arm's threads, through vLLM's public knob: its OpenMP threads bound to these CPUs.
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cpus)
-    # Without OMP_NUM_THREADS vLLM "reduces torch threads from 2 to 1 for serving".
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core: ~25 s start, not ~55 s
+    # In-process engine core: ~25 s start instead of ~55 s here, and the config is readable in-process.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     t_import = time.time()
     import torch
@@ -64,7 +45,8 @@ def run(cfg: dict) -> dict:
     dtype_size = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
     prompt_len, gen_len, context_len = int(cfg["prompt_len"]), int(cfg["gen_len"]), int(cfg["context_len"])
     max_num_seqs = int(cfg.get("max_num_seqs", 1))
-    kv_requested = int(cfg.get("kv_cache_memory_bytes") or kv_budget(hf_config, dtype_size, context_len, max_num_seqs))
+    # None means vLLM's default sizing (stock) or the runtime's geometry-derived budget (patched)
+    kv_requested = int(cfg["kv_cache_memory_bytes"]) if cfg.get("kv_cache_memory_bytes") else None
     t0 = time.time()
     llm = LLM(model=model_dir, dtype=dtype, max_model_len=context_len, max_num_seqs=max_num_seqs,
               enforce_eager=bool(cfg.get("eager", True)), kv_cache_memory_bytes=kv_requested,
@@ -78,6 +60,9 @@ def run(cfg: dict) -> dict:
     except Exception as e:  # residency is provenance, not a reason to lose the run
         after_load = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
     engine = llm.llm_engine
+    from runtime import patches
+    from vllm.platforms import current_platform
+    patch_manifest = patches.manifest(patches.APPLIED)
     vc = engine.vllm_config
     tok = llm.get_tokenizer()
     special = set(getattr(tok, "all_special_ids", []) or [])
@@ -126,10 +111,14 @@ def run(cfg: dict) -> dict:
             "multiprocess_engine_core": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1",
             "prefix_caching": cache.enable_prefix_caching,
             "runtime_plugin_loaded": os.environ.get("EDGE_HARNESS_RUNTIME_LOADED") == "1",
+            "platform": type(current_platform).__name__,
+            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         },
         "requested": {"dtype": dtype, "threads": threads, "cpus": cpus, "kv_cache_memory_bytes": kv_requested,
                       "context_len": context_len, "max_num_seqs": max_num_seqs, "eager": bool(cfg.get("eager", True))},
-        "kv_bytes_per_token": kv_bytes_per_token(hf_config, dtype_size),
+        "kv_bytes_per_token": patches.kv_bytes_per_token(hf_config, dtype_size),
+        "patches": patch_manifest,
+        "overrides": {k: v for k, v in patches.APPLIED.items()},
         "timings": {"import_s": t0 - t_import, "load_s": t_loaded - t0},
         "after_load": after_load,
         "prompt_token_hash": prompt_hash.hexdigest(),

@@ -34,6 +34,20 @@ def _wheel_record_hash(dist: str) -> str:
         return "not installed"
 
 
+def patches_env(value) -> str:
+    """An arm's `patches` option (none, all, or a list of names) as EDGE_HARNESS_PATCHES."""
+    from runtime.patches import NAMES
+    if value is None or value == "all":
+        return "all"
+    if value == "none" or value == []:
+        return "none"
+    names = [value] if isinstance(value, str) else list(value)
+    bad = [n for n in names if n not in NAMES]
+    if bad:
+        raise UserError("arm.patches", f"unknown patch {bad[0]!r}", f"known: none, all, {', '.join(NAMES)}")
+    return ",".join(names)
+
+
 class Vllm:
     name = "vllm"
     default_form = "hf-fp32"
@@ -63,18 +77,12 @@ class Vllm:
         model_dir = models.form_path(ctx.spec.model, form)
         weight_files = sorted(str(Path(rel).relative_to(models.load_manifest(ctx.spec.model)["forms"][form]["path"]))
                               for rel in models.form_files(ctx.spec.model, form) if rel.endswith(".safetensors"))
-        cfg = {"model_dir": str(model_dir), "threads": ctx.threads, "cpus": ctx.cpus,
+        cfg = {"patches": patches_env(ctx.arm.patches), "model_dir": str(model_dir), "threads": ctx.threads, "cpus": ctx.cpus,
                "prompt_len": ctx.params["prompt_len"], "gen_len": ctx.params["gen_len"],
                "context_len": ctx.params["context_len"], "max_num_seqs": int(opts.get("max_num_seqs", ctx.params.get("batch", 1))),
                "dtype": opts.get("dtype", FORM_DTYPE.get(form, "float32")), "eager": bool(opts.get("eager", True)),
                "kv_cache_memory_bytes": opts.get("kv_cache_memory_bytes"), "warmups": ctx.spec.warmups,
                "repetitions": ctx.spec.repetitions, "weight_files": weight_files}
-        if not cfg["kv_cache_memory_bytes"]:
-            # The KV budget from the model's geometry and the run's shape, not a fraction of memory
-            from runtime.worker import kv_budget
-            hf_config = json.loads((model_dir / "config.json").read_text())
-            dsize = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg["dtype"]]
-            cfg["kv_cache_memory_bytes"] = kv_budget(hf_config, dsize, int(cfg["context_len"]), int(cfg["max_num_seqs"]))
         # Per-arm compile cache keyed by the full effective config: arms never load each other's graphs.
         key = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k not in ("repetitions", "warmups")},
                                         sort_keys=True).encode()).hexdigest()[:16]
@@ -82,9 +90,10 @@ class Vllm:
         state = "warm" if cdir.exists() and any(cdir.iterdir()) else "cold"
         cdir.mkdir(parents=True, exist_ok=True)
         arm_env = {**ctx.arm.env, "VLLM_CACHE_ROOT": str(cdir / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cdir / "inductor"),
-                   "OMP_NUM_THREADS": str(ctx.threads), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-                   "VLLM_DO_NOT_TRACK": "1"}
-        env = {**os.environ, **arm_env}
+                   "EDGE_HARNESS_PATCHES": patches_env(ctx.arm.patches), "HF_HUB_OFFLINE": "1",
+                   "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # threads: the arm's, or the runtime's
+        env.update(arm_env)
         cfg_path, out_path = ctx.workdir / "worker-config.json", ctx.workdir / "worker-result.json"
         cfg_path.write_text(json.dumps(cfg))
         cmd = affinity_prefix(ctx.cpus if ctx.arm.cpus else None, ctx.arm.numa) + [
@@ -104,11 +113,20 @@ class Vllm:
             return failed("failed", res.get("error", "unknown worker error"), cmd, arm_env,
                           (res.get("traceback") or "") + "\n" + r.stderr, info, requested, r.peak_memory)
         metrics = self._metrics(res, int(cfg["prompt_len"]), int(cfg["gen_len"]))
+        metrics["startup_s"] = {"unit": "s", "samples": [float(res["timings"]["load_s"])], "higher_is_better": False,
+                                "definition": "time to construct vllm.LLM (load weights, allocate the KV cache), "
+                                              "after imports; one sample per run"}
+        if r.peak_memory.get("rss_bytes"):
+            metrics["peak_rss_mib"] = {"unit": "MiB", "samples": [r.peak_memory["rss_bytes"] / 2**20],
+                                       "higher_is_better": False,
+                                       "definition": "peak RSS of the worker process tree, smaps_rollup polled every "
+                                                     f"{r.peak_memory.get('interval_s', 0.25)} s; one sample per run"}
         form_root = models.load_manifest(ctx.spec.model)["forms"][form]["path"]
         after_load = dict(res["after_load"])
         if isinstance(after_load.get("files"), dict):  # same keys as before/after_run: paths in the model dir
             after_load["files"] = {f"{form_root}/{k}": v for k, v in after_load["files"].items()}
         effective = {**res["effective"], "kv_bytes_per_token": res["kv_bytes_per_token"], "timings": res["timings"]}
+        info = {**info, "patches": res["patches"], "overrides": res["overrides"]}
         return EngineResult(status="ok", metrics=metrics, engine=info, requested=requested, effective=effective,
                             command=cmd, env=arm_env, peak_memory=r.peak_memory, after_load=after_load,
                             prompt_token_hash=res["prompt_token_hash"],

@@ -1,0 +1,229 @@
+"""The runtime's patches: each with the defect it fixes, the extension point it uses, a detector
+that says whether the installed vLLM still has the defect, and a source hash for the manifest.
+
+Selection: EDGE_HARNESS_PATCHES = "all" (default), "none", or a comma-separated list of names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+ENV = "EDGE_HARNESS_PATCHES"
+KV_BLOCK = 128  # vLLM's CPU KV block size (read back as effective.block_size)
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    defect: str
+    extension_point: str
+    detect: Callable[[], dict]
+    implementation: Callable
+
+
+def _meminfo_total() -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def detect_node_fraction_refusal() -> dict:
+    """Stock CPU worker requests gpu_memory_utilization x NUMA node 0's total and refuses to start
+    when that exceeds the node's available memory. Defective where the node reports less than
+    the machine, or where the fraction of the node is more than it has available."""
+    try:
+        from vllm.utils.cpu_resource_utils import get_memory_node_info
+        from vllm.v1.worker import cpu_worker
+    except Exception as e:  # noqa: BLE001 - a detector reports, never raises
+        return {"defective": None, "evidence": f"cannot import vLLM's CPU worker: {e}"}
+    src = inspect.getsource(cpu_worker)
+    uses_fraction = "memory_status.total_memory * memory_fraction" in src.replace("\n", " ") or bool(
+        re.search(r"total_memory\s*\*\s*memory_fraction", src))
+    if not uses_fraction:
+        return {"defective": False, "evidence": "CPU worker no longer sizes memory as a fraction of a node's total"}
+    node = get_memory_node_info(0)
+    requested = int(node.total_memory * 0.92)
+    machine = _meminfo_total()
+    refuses = requested > node.available_memory
+    # Defective whenever the fraction rule is there: it either refuses to start or takes most of
+    # the node for KV whatever the context; the node's numbers say which one happens right now.
+    return {"defective": True,
+            "evidence": f"node0 total {node.total_memory} B, available {node.available_memory} B, 0.92 x total = "
+                        f"{requested} B ({'refuses' if refuses else 'starts'} now); /proc/meminfo total {machine} B"}
+
+
+def detect_legacy_env_overrides_explicit_kv() -> dict:
+    """Stock CpuPlatform.check_and_update_config lets the legacy VLLM_CPU_KVCACHE_SPACE overwrite an
+    explicit kv_cache_memory_bytes (an older vLLM overwrote it unconditionally)."""
+    try:
+        from vllm.platforms.cpu import CpuPlatform
+    except Exception as e:  # noqa: BLE001
+        return {"defective": None, "evidence": f"cannot import CpuPlatform: {e}"}
+    src = inspect.getsource(CpuPlatform.check_and_update_config)
+    overwrites = bool(re.search(r"cache_config\.kv_cache_memory_bytes\s*=", src))
+    guarded = bool(re.search(r"kv_cache_memory_bytes\s+is\s+None", src))
+    return {"defective": overwrites and not guarded,
+            "evidence": "check_and_update_config assigns kv_cache_memory_bytes "
+                        + ("without checking for an explicit value" if overwrites and not guarded else
+                           "only when unset" if overwrites else "nowhere")}
+
+
+def detect_torch_threads_reduced() -> dict:
+    """Stock vLLM lowers torch intra-op threads to 1 for serving unless OMP_NUM_THREADS is set."""
+    try:
+        from vllm.utils import torch_utils
+    except Exception as e:  # noqa: BLE001
+        return {"defective": None, "evidence": f"cannot import vllm.utils.torch_utils: {e}"}
+    src = inspect.getsource(torch_utils)
+    reduces = "torch.set_num_threads(1)" in src
+    if not reduces:
+        return {"defective": False, "evidence": "no reduction to 1 thread found in vllm.utils.torch_utils"}
+    try:
+        from vllm.v1.worker import cpu_worker
+        neutered = "torch.set_num_threads = skip_set_num_threads" in inspect.getsource(cpu_worker)
+    except Exception:  # noqa: BLE001
+        neutered = False
+    if neutered:
+        return {"defective": False, "evidence": "torch_utils logs 'Reducing Torch threads to 1', but the CPU worker "
+                "replaces torch.set_num_threads with a no-op after binding its OpenMP threads, so threads stay bound"}
+    return {"defective": True, "evidence": "torch_utils calls torch.set_num_threads(1) when OMP_NUM_THREADS is unset"}
+
+
+def _cpulist(text: str) -> list[int]:
+    cpus: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            cpus.extend(range(int(a), int(b) + 1))
+        elif part.strip():
+            cpus.append(int(part))
+    return cpus
+
+
+APPLIED: dict[str, dict] = {}  # what each applied patch did in this process
+
+
+def kv_bytes_per_token(hf_config, dtype_size: int) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x dtype size."""
+    get = hf_config.get if isinstance(hf_config, dict) else (lambda k, d=None: getattr(hf_config, k, d))
+    heads = get("num_attention_heads")
+    kv_heads = get("num_key_value_heads") or heads
+    head_dim = get("head_dim") or get("hidden_size") // heads
+    return 2 * get("num_hidden_layers") * kv_heads * head_dim * dtype_size
+
+
+def kv_budget(hf_config, dtype_size: int, context_len: int, max_num_seqs: int, block: int = KV_BLOCK) -> int:
+    """The KV cache for context_len x max_num_seqs in whole blocks, plus vLLM's reserved null block."""
+    return kv_bytes_per_token(hf_config, dtype_size) * (-(-context_len // block) * max_num_seqs + 1) * block
+
+
+def apply_kv_budget(vllm_config) -> dict:
+    """Platform hook: size the KV cache exactly from the model's geometry and the run's shape."""
+    import torch
+    cache = vllm_config.cache_config
+    if cache.kv_cache_memory_bytes is not None:
+        return {"requested": cache.kv_cache_memory_bytes, "effective": cache.kv_cache_memory_bytes,
+                "note": "explicit value kept"}
+    mc = vllm_config.model_config
+    kv_dtype = mc.dtype if cache.cache_dtype in (None, "auto") else getattr(torch, str(cache.cache_dtype), mc.dtype)
+    size = torch.empty((), dtype=kv_dtype).element_size()
+    budget = kv_budget(mc.hf_text_config, size, mc.max_model_len, vllm_config.scheduler_config.max_num_seqs,
+                       cache.block_size or KV_BLOCK)
+    cache.kv_cache_memory_bytes = budget
+    return {"requested": None, "effective": budget,
+            "rule": "2 x layers x kv_heads x head_dim x dtype size x (ceil(max_model_len/block) x max_num_seqs + 1) x block"}
+
+
+def apply_explicit_kv_wins(vllm_config, explicit: int | None) -> dict:
+    """Platform hook: an explicit kv_cache_memory_bytes survives the legacy VLLM_CPU_KVCACHE_SPACE."""
+    cache = vllm_config.cache_config
+    if explicit is not None and cache.kv_cache_memory_bytes != explicit:
+        overwritten = cache.kv_cache_memory_bytes
+        cache.kv_cache_memory_bytes = explicit
+        return {"requested": explicit, "overwritten_by_stock": overwritten, "effective": explicit}
+    return {"requested": explicit, "effective": cache.kv_cache_memory_bytes}
+
+
+def apply_torch_threads(env=os.environ) -> dict:
+    """General plugin, before the engine starts: keep torch threads at the bound CPU count."""
+    if env.get("OMP_NUM_THREADS"):
+        return {"requested": env["OMP_NUM_THREADS"], "effective": env["OMP_NUM_THREADS"], "note": "set by the user"}
+    bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    n = len(_cpulist(bind.split("|")[0])) if bind and bind not in ("auto", "nobind", "all") else 0
+    if not n:
+        n = len(os.sched_getaffinity(0))
+    env["OMP_NUM_THREADS"] = str(n)
+    return {"requested": None, "effective": str(n), "rule": "threads = CPUs bound (VLLM_CPU_OMP_THREADS_BIND) or affinity"}
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("kv-budget-from-geometry",
+          "at default settings the CPU worker sizes the KV cache as 0.92 x NUMA node 0's total memory minus its "
+          "RSS, whatever the context: it refuses to start when the node has less available (node 0 reported "
+          "12.5 GiB of this machine's 24 GiB), or allocates ~20 GiB of KV for a 64-token context",
+          "vllm.platform_plugins: EdgeCpuPlatform.check_and_update_config", detect_node_fraction_refusal,
+          apply_kv_budget),
+    Patch("explicit-kv-wins",
+          "the legacy VLLM_CPU_KVCACHE_SPACE silently overwrites an explicit kv_cache_memory_bytes",
+          "vllm.platform_plugins: EdgeCpuPlatform.check_and_update_config",
+          detect_legacy_env_overrides_explicit_kv, apply_explicit_kv_wins),
+    Patch("torch-threads",
+          "vLLM lowers torch intra-op threads to 1 for serving unless OMP_NUM_THREADS is set",
+          "vllm.general_plugins: runtime.plugin.register", detect_torch_threads_reduced, apply_torch_threads),
+)
+NAMES = tuple(p.name for p in PATCHES)
+
+
+def selected(env=os.environ) -> tuple[str, ...]:
+    raw = env.get(ENV, "all").strip()
+    if raw in ("", "all"):
+        return NAMES
+    if raw == "none":
+        return ()
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    unknown = [n for n in names if n not in NAMES]
+    if unknown:
+        raise ValueError(f"{ENV}: unknown patch {unknown[0]!r}; known: {', '.join(NAMES)}, all, none")
+    return names
+
+
+_VERDICTS: dict[str, dict] = {}
+
+
+def verdict(name: str) -> dict:
+    """The detector's verdict for one patch, once per process."""
+    if name not in _VERDICTS:
+        _VERDICTS[name] = next(p for p in PATCHES if p.name == name).detect()
+    return _VERDICTS[name]
+
+
+def should_apply(name: str, env=os.environ) -> bool:
+    """Selected for this run, and the installed vLLM still has the defect (or it cannot be told)."""
+    return name in selected(env) and verdict(name)["defective"] is not False
+
+
+def source_sha256(p: Patch) -> str:
+    return hashlib.sha256(inspect.getsource(p.implementation).encode()).hexdigest()
+
+
+def manifest(applied: dict[str, dict] | None = None, env=os.environ) -> list[dict]:
+    """Each patch: name, detector verdict and evidence, whether applied (and what it did), source hash."""
+    applied = applied or {}
+    chosen = selected(env)
+    out = []
+    for p in PATCHES:
+        v = verdict(p.name)
+        out.append({"name": p.name, "defect": p.defect, "extension_point": p.extension_point,
+                    "detector": {"defective": v["defective"], "evidence": v["evidence"]},
+                    "selected": p.name in chosen, "applied": p.name in applied,
+                    "effect": applied.get(p.name), "source_sha256": source_sha256(p)})
+    return out

@@ -1,0 +1,79 @@
+"""The patched runtime: each patch has a detector, a manifest entry, and stock-vs-patched evidence."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness import models
+from runtime import patches
+
+SMOL = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+
+
+def test_kv_geometry_hand_computed():
+    # 2 x 30 layers x 3 kv heads x 64 head_dim x 4 bytes
+    assert patches.kv_bytes_per_token(SMOL, 4) == 46080
+    # context 256 -> 2 blocks of 128, plus vLLM's null block: 384 tokens
+    assert patches.kv_budget(SMOL, 4, 256, 1) == 46080 * 384
+    assert patches.kv_budget(SMOL, 2, 300, 2) == 23040 * (3 * 2 + 1) * 128
+
+
+def test_selection():
+    assert patches.selected({}) == patches.NAMES
+    assert patches.selected({"EDGE_HARNESS_PATCHES": "none"}) == ()
+    assert patches.selected({"EDGE_HARNESS_PATCHES": "torch-threads"}) == ("torch-threads",)
+    with pytest.raises(ValueError, match="known"):
+        patches.selected({"EDGE_HARNESS_PATCHES": "turbo"})
+
+
+def test_every_patch_has_detector_and_manifest_entry():
+    code = "import json; from runtime import patches; print(json.dumps(patches.manifest()))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    man = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [m["name"] for m in man] == list(patches.NAMES)
+    for m in man:
+        assert m["detector"]["defective"] in (True, False) and m["detector"]["evidence"]
+        assert len(m["source_sha256"]) == 64 and m["extension_point"].startswith("vllm.")
+
+
+def _worker(tmp_path, mode, extra_env=None, **cfg):
+    model_dir = models.form_path("tiny-llama", "hf-fp32")
+    c = {"model_dir": str(model_dir), "threads": 2, "prompt_len": 16, "gen_len": 4, "context_len": 64,
+         "repetitions": 1, "warmups": 0, **cfg}
+    (tmp_path / f"{mode}.json").write_text(json.dumps(c))
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_NUM_THREADS"}
+    env.update({"EDGE_HARNESS_PATCHES": mode, **(extra_env or {})})
+    subprocess.run([sys.executable, "-m", "runtime.worker", str(tmp_path / f"{mode}.json"),
+                    str(tmp_path / f"{mode}-out.json")], env=env, capture_output=True, timeout=600)
+    return json.loads((tmp_path / f"{mode}-out.json").read_text())
+
+
+@pytest.mark.engines
+def test_default_settings_stock_vs_patched(tmp_path):
+    """Stock sizes KV as a fraction of a NUMA node (or refuses to start); patched sizes it exactly."""
+    stock = _worker(tmp_path, "none")
+    patched = _worker(tmp_path, "all")
+    assert patched["status"] == "ok"
+    assert patched["effective"]["platform"] == "EdgeCpuPlatform"
+    assert patched["effective"]["kv_tokens"] == 256  # ceil(64/128)=1 block + the null block, 128 tokens each
+    assert patched["overrides"]["kv-budget-from-geometry"]["effective"] == 1024 * 256
+    if stock["status"] == "ok":
+        assert stock["effective"]["platform"] == "CpuPlatform"
+        assert stock["effective"]["kv_tokens"] > 100 * patched["effective"]["kv_tokens"]
+    else:
+        assert "memory" in stock["error"].lower()
+
+
+@pytest.mark.engines
+def test_explicit_kv_survives_legacy_env(tmp_path):
+    """Stock lets VLLM_CPU_KVCACHE_SPACE overwrite an explicit kv_cache_memory_bytes; patched keeps it."""
+    explicit = 1024 * 384
+    legacy = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    stock = _worker(tmp_path, "none", legacy, kv_cache_memory_bytes=explicit)
+    patched = _worker(tmp_path, "all", legacy, kv_cache_memory_bytes=explicit)
+    assert stock["status"] == patched["status"] == "ok"
+    assert stock["effective"]["kv_cache_memory_bytes"] == 1 << 30  # the setting silently lost
+    assert patched["effective"]["kv_cache_memory_bytes"] == explicit
+    assert patched["overrides"]["explicit-kv-wins"]["overwritten_by_stock"] == 1 << 30
