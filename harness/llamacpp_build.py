@@ -190,7 +190,7 @@ def build(rebuild: bool = False) -> dict:
         print(f"[llama.cpp] configuring {commit} in {stage}", file=sys.stderr)
         subprocess.run([cmake, "-S", str(src), "-B", str(bdir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags],
                        check=True, stdout=subprocess.DEVNULL)
-        print(f"[llama.cpp] building {', '.join(TARGETS)} (a cold build takes ~13 min on 2 cores)", file=sys.stderr)
+        print(f"[llama.cpp] building {', '.join(TARGETS)} (a cold build takes ~6-13 min on 2 cores)", file=sys.stderr)
         subprocess.run([cmake, "--build", str(bdir), "--target", *TARGETS, "-j", str(os.cpu_count() or 1)], check=True)
         bins = stage / "bin"
         bins.mkdir()

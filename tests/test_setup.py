@@ -82,3 +82,25 @@ def test_corrupted_model_reported_not_replaced(monkeypatch, tmp_path, cli):
     assert victim.read_bytes() == bytes(data)  # never silently replaced
     rc, out, _ = cli("models", "list", "--verify", "tiny-llama")
     assert rc == 1 and "corrupted" in out
+
+
+def test_corrupted_build_is_reported(monkeypatch, tmp_path):
+    """A cached binary whose sha256 no longer matches the build manifest: one line, rebuild named."""
+    src = llamacpp_build.build_dir()
+    m = llamacpp_build.load_manifest()
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path))
+    dst = llamacpp_build.build_dir()
+    (dst / "bin").mkdir(parents=True)
+    for name, info in m["binaries"].items():
+        shutil.copy2(info["path"], dst / "bin" / name)
+        info["path"] = str(dst / "bin" / name)
+    (dst / "manifest.json").write_text(json.dumps(m))
+    assert llamacpp_build.build()["build_commit"] == "0c1e570"  # intact: reused, not rebuilt
+    victim = dst / "bin" / "llama-bench"
+    data = bytearray(victim.read_bytes())
+    data[1000] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(UserError) as e:
+        llamacpp_build.build()
+    assert str(victim) in str(e.value) and "REBUILD=1" in str(e.value)
+    assert src.exists()
