@@ -176,7 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminate(signum, frame):  # SIGTERM stops a grid the way Ctrl-C does
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

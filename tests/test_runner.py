@@ -72,8 +72,10 @@ def test_interrupted_grid_resumes_without_losing_runs(write_grid, tmp_path):
         warmups: 0
     """)
     store = tmp_path / "st"
+    # a background job of a non-interactive shell (CI) inherits SIGINT ignored: restore the default
     p = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(g), "--store", str(store)],
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 30
     while time.time() < deadline and len(list(Store(store).iter_paths("slow"))) < 3:
         time.sleep(0.05)
