@@ -65,9 +65,11 @@ def test_vllm_effective_config_read_back(tiny_store):
     eff = a["execution"]["effective"]
     assert eff["dtype"] == "float32" and eff["torch_threads"] == 2 and eff["max_model_len"] == 64
     assert eff["enforce_eager"] is True and eff["runtime_plugin_loaded"] is True
-    # the KV budget asked for was the one allocated, and it covers context_len
-    assert eff["kv_cache_memory_bytes"] == a["execution"]["requested"]["kv_cache_memory_bytes"]
+    # default settings: the runtime sized the KV cache from the geometry, and that is what was allocated
+    assert a["execution"]["requested"]["kv_cache_memory_bytes"] is None
+    assert eff["kv_cache_memory_bytes"] == a["engine"]["overrides"]["kv-budget-from-geometry"]["effective"]
     assert eff["kv_tokens"] >= 64
+    assert {p["name"] for p in a["engine"]["patches"]} >= {"kv-budget-from-geometry", "explicit-kv-wins"}
     assert a["metrics"]["decode_tok_s"]["warmup_samples"]  # warm-ups flagged, not dropped
     assert a["residency"]["after_load"]["status"] == "ok"
     assert a["execution"]["compile_cache"]["key"]
