@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -
 TORCH_INDEX ?=
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: setup venv llama.cpp models demo test test-fast bench clean-venv
+.PHONY: setup venv llama.cpp models demo test test-fast bench planted calibrate clean-venv
 
 setup: venv llama.cpp models
 
@@ -55,6 +55,19 @@ test: setup
 
 bench: venv
 	$(PY) -m harness.bench -n 10000
+
+# The planted-effect experiment (docs/methodology.md): the same planted 5% slowdown, measured
+# interleaved and sequentially, each under a fresh background load drifting from 90% to 0%.
+planted: venv
+	@for order in interleaved sequential; do \
+	  $(PY) -m harness.drift --seconds 40 --start 0.9 --end 0.0 --cpu 0 & pid=$$!; \
+	  $(HARNESS) run grids/planted-$$order.yaml --store artifacts; rc=$$?; \
+	  kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; [ $$rc -le 1 ] || exit $$rc; \
+	done
+
+# A/A noise calibration of this machine (identical arms).
+calibrate: venv
+	$(HARNESS) run grids/noise-aa.yaml --store artifacts
 
 test-fast: venv
 	$(PY) -m pytest -q tests -m "not engines"

@@ -83,8 +83,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
     from harness import report
-    text = report.render(args.store)
+    text, sections = report.build(args.store)
     if args.check:
         diff = report.check_file(args.out, text)
         if diff:
@@ -95,7 +96,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     with open(args.out, "w") as f:
         f.write(text)
-    print(f"wrote {args.out}")
+    pngs = report.write_plots(sections, Path(args.out).parent)
+    print(f"wrote {args.out}" + (f" and {len(pngs)} plot(s)" if pngs else ""))
     return 0
 
 

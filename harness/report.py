@@ -51,6 +51,8 @@ def grid_section(name: str, arts: list[RunArtifact]) -> dict:
     for a in arts:
         if a.status != "ok":
             failed[(a.grid.cell, a.grid.arm)] += 1
+    # the cell parameters that vary across this grid's cells name a cell in plots
+    varying = {k for k in first.grid.cell_params if len({str(a.grid.cell_params.get(k)) for a in arts}) > 1}
     tables = []
     for metric in metric_names:
         rows, comps = [], []
@@ -67,6 +69,10 @@ def grid_section(name: str, arts: list[RunArtifact]) -> dict:
                 s = stats.summarize(vals)
                 n_samples = sum(len(r.metrics[metric].samples) for r in per_pass.values())
                 row = {"cell": cell, "arm": arm, "unit": m0.unit, "median": _fmt(s.median), "iqr": _fmt(s.iqr),
+                       "median_value": s.median, "q1_value": s.q1, "q3_value": s.q3,
+                       "threads": next(iter(per_pass.values())).execution.threads,
+                       "cell_short": ",".join(f"{k}={v}" for k, v in sorted(
+                           next(iter(per_pass.values())).grid.cell_params.items()) if k in varying),
                        "range": f"{_fmt(s.lo)}-{_fmt(s.hi)}", "n": f"{s.n} runs / {n_samples} samples",
                        "failed": failed.get((cell, arm), 0), "ratio": "baseline" if arm == first.grid.baseline_arm else "",
                        "verdict": "", "hib": m0.higher_is_better}
@@ -83,6 +89,8 @@ def grid_section(name: str, arts: list[RunArtifact]) -> dict:
         for (row, c), padj in zip(comps, adjusted):
             c2 = stats.Comparison(**{**c.__dict__, "p_adjusted": padj})
             row["ratio"] = f"{c.ratio_median:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}]"
+            row["ratio_value"], row["ci"] = c.ratio_median, (c.ci_low, c.ci_high)
+            row["p_raw"] = c.p_value
             row["verdict"] = stats.verdict(c2, row["hib"], len(comps))
             row["p"] = "-" if padj is None else f"{padj:.3g}"
             row["warnings"] = list(c.warnings)
@@ -94,6 +102,21 @@ def grid_section(name: str, arts: list[RunArtifact]) -> dict:
                        "definitions": sorted({(r.engine.name, r.metrics[metric].definition) for r in ok if metric in r.metrics}),
                        "rows": rows})
     warnings = sorted({w for t in tables for r in t["rows"] for w in r.get("warnings", [])})
+    # A/A: every arm ran the same engine, model form and requested configuration
+    import json as _json
+    configs = {(a.engine.name, a.model.form, _json.dumps(a.execution.requested, sort_keys=True)) for a in ok}
+    calibration = None
+    if ok and len(configs) == 1 and len(arms) > 1:
+        calibration = []
+        for t in tables:
+            rows = [r for r in t["rows"] if "ci" in r]
+            if not rows:
+                continue
+            flagged = sum(1 for r in rows if r["verdict"] in ("better", "worse"))
+            raw = sum(1 for r in rows if r.get("p_raw") is not None and r["p_raw"] < stats.ALPHA)
+            half = sorted((r["ci"][1] - r["ci"][0]) / 2 for r in rows)
+            calibration.append({"metric": t["metric"], "n": len(rows), "flagged": flagged, "raw": raw,
+                                "mde": f"{half[len(half) // 2] * 100:.1f}%"})
     engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit) for a in arts})
     model_files = sorted({(a.model.form, f.path, f.sha256[:12]) for a in arts for f in a.model.files
                           if f.path.endswith((".gguf", ".safetensors"))})
@@ -101,7 +124,7 @@ def grid_section(name: str, arts: list[RunArtifact]) -> dict:
         "name": name, "grid_path": first.grid.path, "grid_sha": first.grid.sha256[:12], "order": first.grid.order,
         "passes": len({a.grid.pass_index for a in arts}), "baseline": first.grid.baseline_arm, "model": first.model.name,
         "n_artifacts": len(arts), "n_failed": sum(1 for a in arts if a.status != "ok"), "tables": tables,
-        "warnings": warnings, "engines": engines, "model_files": model_files,
+        "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
         "host": f"{first.host['cpu']['model']}, {first.host['cpu']['logical_cores']} logical cores, "
                 f"{first.host['kernel']}",
         "harness_commits": sorted({a.harness.commit[:12] for a in arts}),
@@ -123,16 +146,42 @@ def collect(store_dirs: list[str]) -> dict[str, list[RunArtifact]]:
 
 
 def render(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> str:
+    return build(store_dirs, template)[0]
+
+
+def plot_names(section: dict) -> list[str]:
+    """The plots a section gets: decided from its data alone, so the markdown can name them."""
+    names = []
+    if any("ci" in r for t in section["tables"] for r in t["rows"]):
+        names.append(f"{section['name']}-ratios.png")
+    if any(t["unit"] == "tok/s" and len({r["threads"] for r in t["rows"]}) > 1 for t in section["tables"]):
+        names.append(f"{section['name']}-threads.png")
+    return names
+
+
+def write_plots(sections: list[dict], out_dir: Path) -> list[Path]:
+    from harness import plots
+    written = []
+    for sec in sections:
+        for fn in (plots.ratio_chart, plots.thread_sweep):
+            name = fn(sec, out_dir)
+            if name:
+                written.append(out_dir / name)
+    return written
+
+
+def build(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> tuple[str, list[dict]]:
     store_dirs = store_dirs or ["artifacts", "baselines"]
     grids = collect([d for d in store_dirs if Path(d).exists()])
     sections = []
     for name, arts in grids.items():
         sec = grid_section(name, arts)
         sec["store_dir"] = next((d for d in store_dirs if (Path(d) / name).exists()), "")
+        sec["plots"] = plot_names(sec)
         sections.append(sec)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    return env.get_template(template).render(sections=sections, stores=store_dirs)
+    return env.get_template(template).render(sections=sections, stores=store_dirs), sections
 
 
 def check_file(path: str, text: str) -> list[str]:

@@ -92,6 +92,13 @@ def test_llama_completion_greedy_text():
     assert r.stdout.startswith("Hello") and len(r.stdout) > len("Hello")
 
 
+def test_greedy_text_is_deterministic():
+    from harness.engines.llamacpp import greedy_text
+    a = greedy_text("tiny-llama", "gguf-f32", "The capital of France is", 8)
+    b = greedy_text("tiny-llama", "gguf-f32", "The capital of France is", 8)
+    assert a["text"] and a["text"] == b["text"] and not a["text"].startswith("The capital")
+
+
 def test_quantize_and_perplexity_binaries_run():
     for name in ("llama-quantize", "llama-perplexity", "llama-bench"):
         r = subprocess.run([str(llamacpp_build.binary(name)), "--help"], capture_output=True, text=True, timeout=60)

@@ -77,3 +77,10 @@ def test_explicit_kv_survives_legacy_env(tmp_path):
     assert stock["effective"]["kv_cache_memory_bytes"] == 1 << 30  # the setting silently lost
     assert patched["effective"]["kv_cache_memory_bytes"] == explicit
     assert patched["overrides"]["explicit-kv-wins"]["overwritten_by_stock"] == 1 << 30
+
+
+def test_dtype_auto_follows_isa():
+    from harness.engines.vllm import dtype_for_host
+    assert dtype_for_host({"avx2": True, "avx512_bf16": False, "amx_bf16": False})[0] == "float32"
+    assert dtype_for_host({"avx512_bf16": True})[0] == "bfloat16"
+    assert dtype_for_host({"amx_bf16": True})[0] == "bfloat16"

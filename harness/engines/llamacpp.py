@@ -117,3 +117,22 @@ class LlamaCpp:
                             after_load={"status": "not separable",
                                         "reason": "llama-bench loads and measures in one process; see after_run"},
                             prompt_token_hash=token_hash, eager=None)
+
+
+def greedy_text(model: str, form: str, prompt: str, n_predict: int, threads: int = 2,
+                timeout_s: float = 300) -> dict[str, Any]:
+    """Greedy (temperature 0) continuation of a prompt with llama-completion, as text.
+
+    The raw prompt is sent as is (no chat template, no conversation mode); the prompt itself is
+    not echoed, so `text` is only the continuation.
+    """
+    path = models.form_path(model, form)
+    exe = str(llamacpp_build.binary("llama-completion"))
+    cmd = [exe, "-m", str(path), "-p", prompt, "-n", str(n_predict), "--temp", "0", "--top-k", "1", "-s", "0",
+           "-t", str(threads), "-no-cnv", "--no-display-prompt", "--simple-io", "--no-warmup"]
+    r = run_process(cmd, {**os.environ}, timeout_s)
+    if r.timed_out or r.returncode != 0:
+        raise UserError("llama-completion", f"exited {r.returncode}{' (timeout)' if r.timed_out else ''}: "
+                        f"{tail(r.stderr, 1)}", "run it by hand with the command in this message to see why")
+    return {"text": r.stdout, "command": cmd, "binary_sha256": llamacpp_build.load_manifest()["binaries"]
+            ["llama-completion"]["sha256"]}

@@ -1,0 +1,70 @@
+"""Plots for the report (matplotlib, PNG next to results.md): thread sweeps and A/B ratio charts.
+
+Each plot is drawn from the same section data the markdown is rendered from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+PNG_META = {"Software": None}  # no version stamp: the same store draws the same picture
+
+
+def ratio_chart(section: dict, out_dir: Path) -> str | None:
+    """Per metric and non-baseline arm: the median per-pass ratio to the baseline with its 95% CI."""
+    items = []
+    for t in section["tables"]:
+        for r in t["rows"]:
+            if "ci" in r:
+                items.append((f"{t['metric']}\n{r['arm']} | {r['cell_short']}", r["ratio_value"], r["ci"]))
+    if not items:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(items) + 1.2))
+    ys = list(range(len(items)))
+    for y, (_, med, (lo, hi)) in zip(ys, items):
+        ax.errorbar([med], [y], xerr=[[med - lo], [hi - med]], fmt="o", color="tab:blue", capsize=4)
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(ys, [label for label, _, _ in items], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"ratio to baseline arm '{section['baseline']}' (median of per-pass ratios, 95% bootstrap CI)")
+    ax.set_title(section["name"], fontsize=9)
+    fig.tight_layout()
+    name = f"{section['name']}-ratios.png"
+    fig.savefig(out_dir / name, dpi=100, metadata=PNG_META)
+    plt.close(fig)
+    return name
+
+
+def thread_sweep(section: dict, out_dir: Path) -> str | None:
+    """Where cells differ by threads: median with its IQR band per arm, one panel per speed metric."""
+    tables = [t for t in section["tables"] if t["unit"] == "tok/s"]
+    if not tables:
+        return None
+    series_ok = any(len({r["threads"] for r in t["rows"] if r.get("threads") is not None}) > 1 for t in tables)
+    if not series_ok:
+        return None
+    fig, axes = plt.subplots(1, len(tables), figsize=(4.2 * len(tables), 3.4), squeeze=False)
+    for ax, t in zip(axes[0], tables):
+        arms = sorted({r["arm"] for r in t["rows"]})
+        for arm in arms:
+            rows = sorted((r for r in t["rows"] if r["arm"] == arm and r.get("threads") is not None),
+                          key=lambda r: r["threads"])
+            xs = [r["threads"] for r in rows]
+            ax.plot(xs, [r["median_value"] for r in rows], marker="o", label=arm)
+            ax.fill_between(xs, [r["q1_value"] for r in rows], [r["q3_value"] for r in rows], alpha=0.25)
+        ax.set_xlabel("threads")
+        ax.set_ylabel(f"{t['metric']} ({t['unit']})")
+        ax.set_xticks(sorted({r["threads"] for r in t["rows"] if r.get("threads") is not None}))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{section['name']}: median over passes, band = IQR", fontsize=9)
+    fig.tight_layout()
+    name = f"{section['name']}-threads.png"
+    fig.savefig(out_dir / name, dpi=100, metadata=PNG_META)
+    plt.close(fig)
+    return name
