@@ -102,6 +102,13 @@ def grid_section(name: str, arts: list[RunArtifact]) -> dict:
                        "definitions": sorted({(r.engine.name, r.metrics[metric].definition) for r in ok if metric in r.metrics}),
                        "rows": rows})
     warnings = sorted({w for t in tables for r in t["rows"] for w in r.get("warnings", [])})
+    # Rule 6: a setting that did not take effect measures nothing; say so wherever it happened
+    for a in ok:
+        eff = a.execution.effective.get("threads", a.execution.effective.get("torch_threads"))
+        if isinstance(eff, int) and eff != a.execution.threads:
+            warnings.append(f"arm {a.grid.arm}, cell {a.grid.cell}: requested {a.execution.threads} thread(s), "
+                            f"the engine used {eff} (read back); its figures are not a {a.execution.threads}-thread result")
+    warnings = sorted(set(warnings))
     # A/A: every arm ran the same engine, model form and requested configuration
     import json as _json
     configs = {(a.engine.name, a.model.form, _json.dumps(a.execution.requested, sort_keys=True)) for a in ok}

@@ -77,25 +77,25 @@ def detect_legacy_env_overrides_explicit_kv() -> dict:
                            "only when unset" if overwrites else "nowhere")}
 
 
-def detect_torch_threads_reduced() -> dict:
-    """Stock vLLM lowers torch intra-op threads to 1 for serving unless OMP_NUM_THREADS is set."""
-    try:
-        from vllm.utils import torch_utils
-    except Exception as e:  # noqa: BLE001
-        return {"defective": None, "evidence": f"cannot import vllm.utils.torch_utils: {e}"}
-    src = inspect.getsource(torch_utils)
-    reduces = "torch.set_num_threads(1)" in src
-    if not reduces:
-        return {"defective": False, "evidence": "no reduction to 1 thread found in vllm.utils.torch_utils"}
-    try:
-        from vllm.v1.worker import cpu_worker
-        neutered = "torch.set_num_threads = skip_set_num_threads" in inspect.getsource(cpu_worker)
-    except Exception:  # noqa: BLE001
-        neutered = False
-    if neutered:
-        return {"defective": False, "evidence": "torch_utils logs 'Reducing Torch threads to 1', but the CPU worker "
-                "replaces torch.set_num_threads with a no-op after binding its OpenMP threads, so threads stay bound"}
-    return {"defective": True, "evidence": "torch_utils calls torch.set_num_threads(1) when OMP_NUM_THREADS is unset"}
+def _bind_list(env=os.environ) -> list[int]:
+    bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    if not bind or bind in ("auto", "nobind", "all") or "|" in bind:
+        return []
+    return _cpulist(bind)
+
+
+def detect_bind_ignored_in_process() -> dict:
+    """VLLM_CPU_OMP_THREADS_BIND is applied only by the multiprocess executor (OMPProcessManager sets
+    OMP_NUM_THREADS/OMP_PLACES for the worker processes it spawns). With the engine core in-process,
+    torch keeps one thread per core and the process its full affinity, whatever the bind list says."""
+    import torch
+    cpus = _bind_list()
+    if not cpus:
+        return {"defective": False, "evidence": "no explicit CPU list in VLLM_CPU_OMP_THREADS_BIND"}
+    threads, affinity = torch.get_num_threads(), sorted(os.sched_getaffinity(0))
+    ok = threads == len(cpus) and affinity == sorted(cpus)
+    return {"defective": not ok,
+            "evidence": f"bind list {cpus}, this process: torch threads {threads}, affinity {affinity}"}
 
 
 def _cpulist(text: str) -> list[int]:
@@ -153,16 +153,16 @@ def apply_explicit_kv_wins(vllm_config, explicit: int | None) -> dict:
     return {"requested": explicit, "effective": cache.kv_cache_memory_bytes}
 
 
-def apply_torch_threads(env=os.environ) -> dict:
-    """General plugin, before the engine starts: keep torch threads at the bound CPU count."""
-    if env.get("OMP_NUM_THREADS"):
-        return {"requested": env["OMP_NUM_THREADS"], "effective": env["OMP_NUM_THREADS"], "note": "set by the user"}
-    bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "")
-    n = len(_cpulist(bind.split("|")[0])) if bind and bind not in ("auto", "nobind", "all") else 0
-    if not n:
-        n = len(os.sched_getaffinity(0))
-    env["OMP_NUM_THREADS"] = str(n)
-    return {"requested": None, "effective": str(n), "rule": "threads = CPUs bound (VLLM_CPU_OMP_THREADS_BIND) or affinity"}
+def apply_threads_follow_bind() -> dict:
+    """General plugin, before the CPU worker forbids torch.set_num_threads: this process's torch threads
+    and CPU affinity follow the bind list (threads started later inherit the affinity)."""
+    import torch
+    cpus = _bind_list()
+    before = {"torch_threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0))}
+    os.sched_setaffinity(0, set(cpus))
+    torch.set_num_threads(len(cpus))
+    return {"requested": cpus, "before": before,
+            "effective": {"torch_threads": torch.get_num_threads(), "affinity": sorted(os.sched_getaffinity(0))}}
 
 
 PATCHES: tuple[Patch, ...] = (
@@ -176,9 +176,12 @@ PATCHES: tuple[Patch, ...] = (
           "the legacy VLLM_CPU_KVCACHE_SPACE silently overwrites an explicit kv_cache_memory_bytes",
           "vllm.platform_plugins: EdgeCpuPlatform.check_and_update_config",
           detect_legacy_env_overrides_explicit_kv, apply_explicit_kv_wins),
-    Patch("torch-threads",
-          "vLLM lowers torch intra-op threads to 1 for serving unless OMP_NUM_THREADS is set",
-          "vllm.general_plugins: runtime.plugin.register", detect_torch_threads_reduced, apply_torch_threads),
+    Patch("threads-follow-bind",
+          "with the engine core in-process, VLLM_CPU_OMP_THREADS_BIND is ignored (only the multiprocess "
+          "executor applies it to the workers it spawns): asked for 1 thread, vLLM ran torch with 2 and the "
+          "process on both CPUs (decode-threads grid, first series)",
+          "vllm.general_plugins: runtime.plugin.register", detect_bind_ignored_in_process,
+          apply_threads_follow_bind),
 )
 NAMES = tuple(p.name for p in PATCHES)
 

@@ -1,6 +1,8 @@
 """vLLM general-plugin entry point (group `vllm.general_plugins`): runs in every vLLM process.
 
-Applies the process-environment patches (torch threads) and marks that the runtime loaded.
+Applies the process-level patches (threads and affinity follow the bind list) and marks that the
+runtime loaded. vLLM loads general plugins while it builds the engine config, before the CPU
+worker replaces torch.set_num_threads with a no-op.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ def register() -> None:
     from runtime import patches
     os.environ[LOADED_ENV] = "1"
     try:
-        apply = patches.should_apply("torch-threads")
+        apply = patches.should_apply("threads-follow-bind")
     except ValueError:
         apply = False
-    if apply and "torch-threads" not in patches.APPLIED:
-        patches.APPLIED["torch-threads"] = patches.apply_torch_threads()
+    if apply and "threads-follow-bind" not in patches.APPLIED:
+        patches.APPLIED["threads-follow-bind"] = patches.apply_threads_follow_bind()

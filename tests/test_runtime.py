@@ -23,7 +23,7 @@ def test_kv_geometry_hand_computed():
 def test_selection():
     assert patches.selected({}) == patches.NAMES
     assert patches.selected({"EDGE_HARNESS_PATCHES": "none"}) == ()
-    assert patches.selected({"EDGE_HARNESS_PATCHES": "torch-threads"}) == ("torch-threads",)
+    assert patches.selected({"EDGE_HARNESS_PATCHES": "threads-follow-bind"}) == ("threads-follow-bind",)
     with pytest.raises(ValueError, match="known"):
         patches.selected({"EDGE_HARNESS_PATCHES": "turbo"})
 
@@ -84,3 +84,17 @@ def test_dtype_auto_follows_isa():
     assert dtype_for_host({"avx2": True, "avx512_bf16": False, "amx_bf16": False})[0] == "float32"
     assert dtype_for_host({"avx512_bf16": True})[0] == "bfloat16"
     assert dtype_for_host({"amx_bf16": True})[0] == "bfloat16"
+
+
+@pytest.mark.engines
+def test_one_thread_requested_one_thread_used(tmp_path):
+    """In-process, stock vLLM ignores the bind list (2 torch threads for a 1-CPU list); patched follows it."""
+    stock = _worker(tmp_path, "none", threads=1, cpus=[0])
+    patched = _worker(tmp_path, "all", threads=1, cpus=[0])
+    assert stock["status"] == patched["status"] == "ok"
+    import os
+    if os.cpu_count() > 1:
+        assert stock["effective"]["torch_threads"] == os.cpu_count()
+    assert patched["effective"]["torch_threads"] == 1
+    assert patched["effective"]["cpu_affinity"] == [0]
+    assert patched["overrides"]["threads-follow-bind"]["effective"]["torch_threads"] == 1

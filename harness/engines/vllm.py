@@ -142,7 +142,8 @@ class Vllm:
         after_load = dict(res["after_load"])
         if isinstance(after_load.get("files"), dict):  # same keys as before/after_run: paths in the model dir
             after_load["files"] = {f"{form_root}/{k}": v for k, v in after_load["files"].items()}
-        effective = {**res["effective"], "kv_bytes_per_token": res["kv_bytes_per_token"], "timings": res["timings"]}
+        effective = {**res["effective"], "kv_bytes_per_token": res["kv_bytes_per_token"], "timings": res["timings"],
+                     "threads": res["effective"]["torch_threads"]}
         info = {**info, "patches": res["patches"], "overrides": {**res["overrides"], **host_overrides}}
         if "dtype" in host_overrides:
             host_overrides["dtype"]["read_back"] = res["effective"]["dtype"]
