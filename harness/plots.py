@@ -21,7 +21,8 @@ def ratio_chart(section: dict, out_dir: Path) -> str | None:
     for t in section["tables"]:
         for r in t["rows"]:
             if "ci" in r:
-                items.append((f"{t['metric']}\n{r['arm']} | {r['cell_short']}", r["ratio_value"], r["ci"]))
+                where = f" | {r['cell_short']}" if r["cell_short"] else ""
+                items.append((f"{t['metric']}\n{r['arm']}{where}", r["ratio_value"], r["ci"]))
     if not items:
         return None
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(items) + 1.2))

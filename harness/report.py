@@ -36,8 +36,12 @@ def _series(arts: list[RunArtifact]) -> list[RunArtifact]:
     return [a for a in arts if a.grid.sha256 == latest.grid.sha256]
 
 
-def grid_section(name: str, arts: list[RunArtifact]) -> dict:
-    arts = _series(arts)
+def grid_section(name: str, all_arts: list[RunArtifact]) -> dict:
+    import hashlib
+    arts = _series(all_arts)
+    # every artifact of the grid, shown or not, is in the fingerprint: adding or removing any one
+    # of them makes the rendered file stale
+    fingerprint = hashlib.sha256("\n".join(sorted(a.id for a in all_arts)).encode()).hexdigest()[:16]
     first = arts[0]
     ok = [a for a in arts if a.status == "ok"]
     cells = sorted({a.grid.cell for a in arts})
@@ -131,6 +135,7 @@ def grid_section(name: str, arts: list[RunArtifact]) -> dict:
         "name": name, "grid_path": first.grid.path, "grid_sha": first.grid.sha256[:12], "order": first.grid.order,
         "passes": len({a.grid.pass_index for a in arts}), "baseline": first.grid.baseline_arm, "model": first.model.name,
         "n_artifacts": len(arts), "n_failed": sum(1 for a in arts if a.status != "ok"), "tables": tables,
+        "n_all": len(all_arts), "n_older": len(all_arts) - len(arts), "fingerprint": fingerprint,
         "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
         "host": f"{first.host['cpu']['model']}, {first.host['cpu']['logical_cores']} logical cores, "
                 f"{first.host['kernel']}",
