@@ -68,3 +68,34 @@ def numa_policy() -> str:
 def loadavg_now() -> list[float] | str:
     from harness.probe import loadavg
     return loadavg()
+
+
+def cpu_accounting() -> dict:
+    """Busy CPU seconds of the whole machine (/proc/stat) and of this process and its waited-for children."""
+    import resource
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = None
+    try:
+        with open("/proc/stat") as f:
+            parts = f.readline().split()[1:]
+        vals = [int(x) for x in parts]
+        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
+        busy = (sum(vals[:8]) - idle) / hz  # user..steal; guest time is already inside user
+    except (OSError, ValueError, IndexError):
+        pass
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"machine_busy_s": busy, "own_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}
+
+
+def other_load(before: dict, after: dict, duration_s: float) -> dict:
+    """CPU used during a run by everything except the harness and the engine it ran, in cores.
+
+    The load average lags by a minute and counts the previous run's engine; this does not.
+    """
+    if before["machine_busy_s"] is None or after["machine_busy_s"] is None or duration_s <= 0:
+        return {"status": "unknown", "reason": "/proc/stat unreadable"}
+    machine = after["machine_busy_s"] - before["machine_busy_s"]
+    own = after["own_s"] - before["own_s"]
+    return {"status": "ok", "other_cores": round(max(0.0, machine - own) / duration_s, 3),
+            "machine_busy_s": round(machine, 3), "harness_and_engine_s": round(own, 3),
+            "definition": "(machine busy CPU seconds - CPU seconds of the harness and its finished children) / run wall time"}

@@ -18,6 +18,7 @@ from harness.paths import PROJECT_ROOT
 from harness.store import Store
 
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
+LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
 
 
 def _fmt(x: float) -> str:
@@ -112,6 +113,15 @@ def grid_section(name: str, all_arts: list[RunArtifact]) -> dict:
         if isinstance(eff, int) and eff != a.execution.threads:
             warnings.append(f"arm {a.grid.arm}, cell {a.grid.cell}: requested {a.execution.threads} thread(s), "
                             f"the engine used {eff} (read back); its figures are not a {a.execution.threads}-thread result")
+    loaded = [a for a in ok if isinstance(a.host.get("other_load_during_run"), dict)
+              and a.host["other_load_during_run"].get("other_cores", 0) > LOADED_CORES]
+    if loaded:
+        worst = max(a.host["other_load_during_run"]["other_cores"] for a in loaded)
+        warnings.append(f"{len(loaded)} run(s) shared the host with other work (up to {worst:.2f} cores used by other "
+                        f"processes during a run, threshold {LOADED_CORES}): not publishable as is; rerun on an idle host")
+    if len([x for x in arms if x != first.grid.baseline_arm]) > 1:
+        warnings.append("several arms are compared with one baseline: their separately measured effects overlap and "
+                        "must not be added")
     warnings = sorted(set(warnings))
     # A/A: every arm ran the same engine, model form and requested configuration
     import json as _json

@@ -83,6 +83,7 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path) -> dict:
     cpus = arm.cpus or list(range(threads))
     host_before = provenance.host_info()
     before = files_residency(weights)
+    cpu0 = provenance.cpu_accounting()
     start, t0 = _now(), time.time()
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{run.run_key}-", dir=workroot))
     ctx = RunContext(spec=spec, run=run, arm=arm, threads=threads, cpus=cpus, workdir=workdir, timeout_s=spec.timeout_s)
@@ -94,9 +95,11 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path) -> dict:
         from harness.engines.base import failed
         res = failed("failed", f"{type(e).__name__}: {e}", [], {})
     end, dur = _now(), time.time() - t0
+    other = provenance.other_load(cpu0, provenance.cpu_accounting(), dur)
     after = files_residency(weights)
     load_after = provenance.loadavg_now()
-    host = {**host_before, "loadavg_before": host_before["loadavg"], "loadavg_after": load_after}
+    host = {**host_before, "loadavg_before": host_before["loadavg"], "loadavg_after": load_after,
+            "other_load_during_run": other}
     host.pop("loadavg", None)
     page_cache = "none" if not before else (
         "warm" if all(v["resident_bytes"] >= 0.99 * v["total_bytes"] for v in before.values()) else
@@ -137,6 +140,7 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
     for a in spec.arms:  # fail fast on a bad arm before any engine starts
         get_engine(a.engine).check(spec.model, a.form)
     store = Store(Path(store_root))
+    lock = _lock(store, spec)  # held until this function returns (the file object closes)
     runs = schedule(spec)
     done_keys = {} if new_series else existing(store, spec)
     if new_series:
@@ -171,7 +175,24 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
             bad += 1
             print(f"    {a.status}: {a.error}", file=out, flush=True)
     print(f"[harness] done: {ok} ok, {bad} failed, {skipped} skipped; store {store.grid_dir(spec.name)}", file=out)
+    lock.close()
     return RunSummary(done=ok, failed=bad, skipped=skipped, store=store.grid_dir(spec.name), paths=paths)
+
+
+def _lock(store: Store, spec: grid.GridSpec):
+    """One `harness run` per grid and store at a time: two would measure under each other's load
+    and run the same pass twice."""
+    import fcntl
+    d = store.grid_dir(spec.name)
+    d.mkdir(parents=True, exist_ok=True)
+    f = open(d / ".lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise UserError(str(d), "another `harness run` of this grid is running on this store",
+                        "wait for it to finish (or stop it), then run again to resume") from None
+    return f
 
 
 def _existing_same_sha(store: Store, spec: grid.GridSpec) -> dict[str, list]:

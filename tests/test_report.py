@@ -50,3 +50,31 @@ def test_too_few_passes_is_undetermined():
 def test_summary_known_values():
     s = stats.summarize([1, 2, 3, 4, 5])
     assert (s.median, s.q1, s.q3, s.lo, s.hi, s.n) == (3, 2, 4, 1, 5, 5)
+
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ratios = st.lists(st.floats(0.5, 2.0, allow_nan=False), min_size=2, max_size=12)
+
+
+@settings(max_examples=50, deadline=None)
+@given(a=ratios)
+def test_ratio_ci_contains_point_estimate(a):
+    c = stats.compare(a, [1.0] * len(a))
+    assert c.ci_low <= c.ratio_median <= c.ci_high
+
+
+@settings(max_examples=30, deadline=None)
+@given(a=st.lists(st.floats(0.1, 100, allow_nan=False), min_size=2, max_size=12))
+def test_aa_identical_samples_never_differ(a):
+    c = stats.compare(a, list(a))
+    assert stats.verdict(c, True).startswith(("no difference", "undetermined"))
+
+
+def test_other_load_measure():
+    from harness import provenance
+    before = {"machine_busy_s": 10.0, "own_s": 1.0}
+    after = {"machine_busy_s": 14.0, "own_s": 3.0}
+    o = provenance.other_load(before, after, 4.0)
+    assert o["other_cores"] == 0.5  # 4 busy s, 2 of them ours, over 4 s

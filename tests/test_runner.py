@@ -106,3 +106,17 @@ def test_bad_grid_is_one_line_exit_2(write_grid, cli):
     g = write_grid("name: x\narms: []\n")
     rc, out, err = cli("plan", g)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "arms" in err and str(g) in err
+
+
+def test_second_run_of_same_grid_is_refused(write_grid, tmp_path):
+    import pytest
+    from harness.errors import UserError
+    from conftest import COMMAND_GRID
+    from harness import grid
+    g = write_grid(COMMAND_GRID)
+    store = Store(tmp_path / "st")
+    held = runner._lock(store, grid.load(g))
+    with pytest.raises(UserError, match="another `harness run`"):
+        runner.run(str(g), store_root=tmp_path / "st")
+    held.close()
+    assert runner.run(str(g), store_root=tmp_path / "st").done == 8
