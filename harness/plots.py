@@ -42,7 +42,7 @@ def ratio_chart(section: dict, out_dir: Path) -> str | None:
 
 
 def thread_sweep(section: dict, out_dir: Path) -> str | None:
-    """Where cells differ by threads: median with its IQR band per arm, one panel per speed metric."""
+    """Where cells differ by threads: median per arm with a band of its 95% bootstrap CI over passes."""
     tables = [t for t in section["tables"] if t["unit"] == "tok/s"]
     if not tables:
         return None
@@ -57,13 +57,13 @@ def thread_sweep(section: dict, out_dir: Path) -> str | None:
                           key=lambda r: r["threads"])
             xs = [r["threads"] for r in rows]
             ax.plot(xs, [r["median_value"] for r in rows], marker="o", label=arm)
-            ax.fill_between(xs, [r["q1_value"] for r in rows], [r["q3_value"] for r in rows], alpha=0.25)
+            ax.fill_between(xs, [r["median_ci"][0] for r in rows], [r["median_ci"][1] for r in rows], alpha=0.25)
         ax.set_xlabel("threads")
         ax.set_ylabel(f"{t['metric']} ({t['unit']})")
         ax.set_xticks(sorted({r["threads"] for r in t["rows"] if r.get("threads") is not None}))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{section['name']}: median over passes, band = IQR", fontsize=9)
+    fig.suptitle(f"{section['name']}: median over passes, band = 95% bootstrap CI of the median", fontsize=9)
     fig.tight_layout()
     name = f"{section['name']}-threads.png"
     fig.savefig(out_dir / name, dpi=100, metadata=PNG_META)

@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import jinja2
+import numpy as np
 
 from harness import stats
 from harness.artifact import RunArtifact
@@ -75,6 +76,7 @@ def grid_section(name: str, all_arts: list[RunArtifact]) -> dict:
                 n_samples = sum(len(r.metrics[metric].samples) for r in per_pass.values())
                 row = {"cell": cell, "arm": arm, "unit": m0.unit, "median": _fmt(s.median), "iqr": _fmt(s.iqr),
                        "median_value": s.median, "q1_value": s.q1, "q3_value": s.q3,
+                       "median_ci": stats.ratio_ci(np.asarray(vals, dtype=float)),
                        "threads": next(iter(per_pass.values())).execution.threads,
                        "cell_short": ",".join(f"{k}={v}" for k, v in sorted(
                            next(iter(per_pass.values())).grid.cell_params.items()) if k in varying),
