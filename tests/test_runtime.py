@@ -45,9 +45,15 @@ def _worker(tmp_path, mode, extra_env=None, **cfg):
     (tmp_path / f"{mode}.json").write_text(json.dumps(c))
     env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_NUM_THREADS"}
     env.update({"EDGE_HARNESS_PATCHES": mode, **(extra_env or {})})
-    subprocess.run([sys.executable, "-m", "runtime.worker", str(tmp_path / f"{mode}.json"),
-                    str(tmp_path / f"{mode}-out.json")], env=env, capture_output=True, timeout=600)
-    return json.loads((tmp_path / f"{mode}-out.json").read_text())
+    r = subprocess.run([sys.executable, "-m", "runtime.worker", str(tmp_path / f"{mode}.json"),
+                        str(tmp_path / f"{mode}-out.json")], env=env, capture_output=True, timeout=600)
+    out = tmp_path / f"{mode}-out.json"
+    if not out.exists():  # stock at default settings can be killed for memory before it reports
+        return {"status": "failed", "error": f"worker exited {r.returncode} without a result "
+                f"({'killed: out of memory?' if r.returncode in (-9, 137) else r.stderr[-300:]!r})"}
+    res = json.loads(out.read_text())
+    out.unlink()
+    return res
 
 
 @pytest.mark.engines
