@@ -204,6 +204,8 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
             for k in r:
                 if k not in AXIS_NAMES and k != "arm":
                     raise _err(path, f"{fname}[{j}].{k}", "unknown axis", f"known: {', '.join(AXIS_NAMES)}, arm")
+            if "arm" in r and r["arm"] not in names:
+                raise _err(path, f"{fname}[{j}].arm", f"unknown arm {r['arm']!r}", f"arms: {', '.join(names)}")
     timeout = doc.get("timeout_s", 900)
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise _err(path, "timeout_s", f"must be a positive number of seconds, got {timeout!r}")

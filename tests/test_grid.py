@@ -55,6 +55,11 @@ def test_unknown_axis_and_field():
         _spec(pases=3)
 
 
+def test_unknown_arm_in_rule_lists_arms():
+    with pytest.raises(UserError, match=r"exclude\[0\].arm: unknown arm 'zz'.*arms: a, b"):
+        _spec(exclude=[{"arm": "zz"}])
+
+
 def test_unknown_baseline_and_order():
     with pytest.raises(UserError, match="baseline"):
         _spec(baseline="zzz")
