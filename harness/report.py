@@ -15,6 +15,7 @@ import numpy as np
 
 from harness import stats
 from harness.artifact import RunArtifact
+from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
 from harness.store import Store
 
@@ -195,6 +196,10 @@ def write_plots(sections: list[dict], out_dir: Path) -> list[Path]:
 
 
 def build(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> tuple[str, list[dict]]:
+    if store_dirs:  # a store named by the user must exist: a typo must not render an empty report
+        for d in store_dirs:
+            if not Path(d).is_dir():
+                raise UserError(str(d), "--store: no such store directory", "pass the folder that holds <grid>/<id>.json")
     store_dirs = store_dirs or ["artifacts", "baselines"]
     grids = collect([d for d in store_dirs if Path(d).exists()])
     sections = []

@@ -31,3 +31,11 @@ def test_report_check_fails_when_store_changes(cli, tmp_path, monkeypatch):
         arts[0].unlink()  # an artifact removed without re-rendering
         rc, out, _ = cli("report", "--store", tmp_path / "artifacts", "--out", out_file, "--check")
         assert rc == 1 and "stale" in out
+
+
+def test_report_on_a_missing_store_is_a_usage_error(cli, tmp_path):
+    out = tmp_path / "results.md"
+    out.write_text("kept")
+    rc, _, err = cli("report", "--store", tmp_path / "nope", "--out", out)
+    assert rc == 2 and "--store" in err and len(err.strip().splitlines()) == 1
+    assert out.read_text() == "kept"
