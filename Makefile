@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml | $(PY)
 venv: $(STAMP)
 
 llama.cpp: venv
-	@$(PY) -m harness.llamacpp_build $(if $(REBUILD),--rebuild,) > /dev/null
+	@$(HARNESS) build $(if $(REBUILD),--rebuild,) > /dev/null
 
 models: venv llama.cpp
 	@$(HARNESS) models prepare

@@ -33,7 +33,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     names = args.names or None
     if args.verify:
         problems = [p for n in (names or sorted(models.MODELS)) if (models.model_dir(n) / "manifest.json").exists()
-                    for p in models.verify(n)]
+                    for p in models.verify(n, full=True)]
         for p in problems:
             print(p)
         if problems:

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from harness.errors import UserError
+from harness.paths import read_utf8
 
 WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
 AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form")
@@ -81,19 +82,14 @@ def _int(path: str, fld: str, v: Any, lo: int = 1) -> int:
 
 def load(path: str | Path) -> GridSpec:
     p = Path(path)
+    text = read_utf8(p, "save the grid as UTF-8")
     try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise UserError(str(p), f"cannot read grid file: {e.strerror}", "check the path") from e
-    try:
-        doc = yaml.safe_load(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UserError(str(p), f"not UTF-8 at byte {e.start}", "save the grid as UTF-8") from e
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(str(p), f"invalid YAML{where}: {getattr(e, 'problem', e)}", "fix the YAML syntax") from e
-    return from_dict(doc, str(path), hashlib.sha256(raw).hexdigest())
+    return from_dict(doc, str(path), hashlib.sha256(text.encode("utf-8")).hexdigest())
 
 
 def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:

@@ -2,7 +2,7 @@
 
 Built once with cmake + ninja into a cache outside the checkout, keyed by the sdist's
 sha256 plus the build flags; a manifest records commit, flags, compiler and binary hashes.
-Standard library only, so `make` can run it before anything else is installed.
+Run by `harness build` (and so by `make`).
 """
 
 from __future__ import annotations
@@ -243,18 +243,3 @@ def _read_cmake_cache(path: Path) -> dict[str, str]:
             k, v = line.split("=", 1)
             out[k.split(":", 1)[0]] = v
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        m = build(rebuild="--rebuild" in argv)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(str(Path(m["binaries"]["llama-bench"]["path"]).parent))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

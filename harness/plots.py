@@ -1,6 +1,7 @@
 """Plots for the report (matplotlib, PNG next to results.md): thread sweeps and A/B ratio charts.
 
-Each plot is drawn from the same section data the markdown is rendered from.
+Each plot is drawn from the same section data the markdown is rendered from; which plots a
+section gets is decided once, by report.plot_names.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 PNG_META = {"Software": None}  # no version stamp: the same store draws the same picture
 
 
-def ratio_chart(section: dict, out_dir: Path) -> str | None:
+def ratio_chart(section: dict, out_dir: Path) -> str:
     """Per metric and non-baseline arm: the median per-pass ratio to the baseline with its 95% CI."""
     items = []
     for t in section["tables"]:
@@ -23,8 +24,6 @@ def ratio_chart(section: dict, out_dir: Path) -> str | None:
             if "ci" in r:
                 where = f" | {r['cell_short']}" if r["cell_short"] else ""
                 items.append((f"{t['metric']}\n{r['arm']}{where}", r["ratio_value"], r["ci"]))
-    if not items:
-        return None
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(items) + 1.2))
     ys = list(range(len(items)))
     for y, (_, med, (lo, hi)) in zip(ys, items):
@@ -41,26 +40,20 @@ def ratio_chart(section: dict, out_dir: Path) -> str | None:
     return name
 
 
-def thread_sweep(section: dict, out_dir: Path) -> str | None:
+def thread_sweep(section: dict, out_dir: Path) -> str:
     """Where cells differ by threads: median per arm with a band of its 95% bootstrap CI over passes."""
     tables = [t for t in section["tables"] if t["unit"] == "tok/s"]
-    if not tables:
-        return None
-    series_ok = any(len({r["threads"] for r in t["rows"] if r.get("threads") is not None}) > 1 for t in tables)
-    if not series_ok:
-        return None
     fig, axes = plt.subplots(1, len(tables), figsize=(4.2 * len(tables), 3.4), squeeze=False)
     for ax, t in zip(axes[0], tables):
         arms = sorted({r["arm"] for r in t["rows"]})
         for arm in arms:
-            rows = sorted((r for r in t["rows"] if r["arm"] == arm and r.get("threads") is not None),
-                          key=lambda r: r["threads"])
+            rows = sorted((r for r in t["rows"] if r["arm"] == arm), key=lambda r: r["threads"])
             xs = [r["threads"] for r in rows]
             ax.plot(xs, [r["median_value"] for r in rows], marker="o", label=arm)
             ax.fill_between(xs, [r["median_ci"][0] for r in rows], [r["median_ci"][1] for r in rows], alpha=0.25)
         ax.set_xlabel("threads")
         ax.set_ylabel(f"{t['metric']} ({t['unit']})")
-        ax.set_xticks(sorted({r["threads"] for r in t["rows"] if r.get("threads") is not None}))
+        ax.set_xticks(sorted({r["threads"] for r in t["rows"]}))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{section['name']}: median over passes, band = 95% bootstrap CI of the median", fontsize=9)

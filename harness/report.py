@@ -7,6 +7,8 @@ paired ratio to the grid's baseline arm with its bootstrap CI and verdict.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from harness import stats
 from harness.artifact import RunArtifact
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
-from harness.store import Store
+from harness.store import Store, load_path
 
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
@@ -40,7 +42,6 @@ def _series(arts: list[RunArtifact]) -> list[RunArtifact]:
 
 
 def grid_section(name: str, all_arts: list[RunArtifact]) -> dict:
-    import hashlib
     arts = _series(all_arts)
     # every artifact of the grid, shown or not, is in the fingerprint: adding or removing any one
     # of them makes the rendered file stale
@@ -77,7 +78,7 @@ def grid_section(name: str, all_arts: list[RunArtifact]) -> dict:
                 n_samples = sum(len(r.metrics[metric].samples) for r in per_pass.values())
                 row = {"cell": cell, "arm": arm, "unit": m0.unit, "median": _fmt(s.median), "iqr": _fmt(s.iqr),
                        "median_value": s.median, "q1_value": s.q1, "q3_value": s.q3,
-                       "median_ci": stats.ratio_ci(np.asarray(vals, dtype=float)),
+                       "median_ci": stats.median_ci(np.asarray(vals, dtype=float)),
                        "threads": next(iter(per_pass.values())).execution.threads,
                        "cell_short": ",".join(f"{k}={v}" for k, v in sorted(
                            next(iter(per_pass.values())).grid.cell_params.items()) if k in varying),
@@ -88,7 +89,7 @@ def grid_section(name: str, all_arts: list[RunArtifact]) -> dict:
                     common = sorted(set(per_pass) & set(base_vals))
                     if common:
                         c = stats.compare([stats.summarize(per_pass[p].metrics[metric].samples).median for p in common],
-                                          [base_vals[p] for p in common], m0.higher_is_better)
+                                          [base_vals[p] for p in common])
                         comps.append((row, c))
                     else:
                         row["ratio"] = "no paired baseline"
@@ -127,8 +128,7 @@ def grid_section(name: str, all_arts: list[RunArtifact]) -> dict:
                         "must not be added")
     warnings = sorted(set(warnings))
     # A/A: every arm ran the same engine, model form and requested configuration
-    import json as _json
-    configs = {(a.engine.name, a.model.form, _json.dumps(a.execution.requested, sort_keys=True)) for a in ok}
+    configs = {(a.engine.name, a.model.form, json.dumps(a.execution.requested, sort_keys=True)) for a in ok}
     calibration = None
     if ok and len(configs) == 1 and len(arms) > 1:
         calibration = []
@@ -164,7 +164,6 @@ def collect(store_dirs: list[str]) -> dict[str, list[RunArtifact]]:
     for d in store_dirs:
         st = Store(Path(d))
         for p in st.iter_paths():
-            from harness.store import load_path
             a = load_path(p)
             by_grid[a.grid.name].append(a)
     return dict(sorted(by_grid.items()))
@@ -185,13 +184,15 @@ def plot_names(section: dict) -> list[str]:
 
 
 def write_plots(sections: list[dict], out_dir: Path) -> list[Path]:
+    """Draw exactly the plots the markdown names (plot_names)."""
     from harness import plots
+    draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep}
     written = []
     for sec in sections:
-        for fn in (plots.ratio_chart, plots.thread_sweep):
-            name = fn(sec, out_dir)
-            if name:
-                written.append(out_dir / name)
+        for name in sec["plots"]:
+            fn = next(f for suffix, f in draw.items() if name.endswith(suffix))
+            fn(sec, out_dir)
+            written.append(out_dir / name)
     return written
 
 

@@ -37,8 +37,9 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def existing(store: Store, spec: grid.GridSpec) -> dict[str, list]:
-    """Artifacts already stored for this grid, by run key; refuses a changed grid file."""
+def existing(store: Store, spec: grid.GridSpec, new_series: bool = False) -> dict[str, list]:
+    """Artifacts already stored for this grid file (same sha256), by run key. Artifacts of another
+    version of the grid file, and none of this one, mean the file changed: refused unless new_series."""
     by_key: dict[str, list] = {}
     other_sha = set()
     for p in store.iter_paths(spec.name):
@@ -47,7 +48,7 @@ def existing(store: Store, spec: grid.GridSpec) -> dict[str, list]:
             other_sha.add(a.grid.sha256)
             continue
         by_key.setdefault(a.grid.run_key, []).append(a)
-    if other_sha and not by_key:
+    if other_sha and not by_key and not new_series:
         raise UserError(spec.path, f"grid file changed since its runs in {store.grid_dir(spec.name)} began "
                         f"(stored sha256 {sorted(other_sha)[0][:12]}..., now {spec.sha256[:12]}...)",
                         "restore the grid file, or pass --new-series to start a new series beside the old one")
@@ -142,10 +143,9 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
     store = Store(Path(store_root))
     lock = _lock(store, spec)  # held until this function returns (the file object closes)
     runs = schedule(spec)
-    done_keys = {} if new_series else existing(store, spec)
-    if new_series:
-        done_keys = {k: v for k, v in _existing_same_sha(store, spec).items()}
-    todo = [r for r in runs if not any(a.status == "ok" or not retry_failed for a in done_keys.get(r.run_key, []))]
+    done = existing(store, spec, new_series)
+    # a run is finished when it has an ok artifact (or any artifact, when failures are not retried)
+    todo = [r for r in runs if not any(a.status == "ok" or not retry_failed for a in done.get(r.run_key, []))]
     skipped = len(runs) - len(todo)
     print(f"[harness] grid {spec.name}: {len(runs)} runs, {skipped} already stored, {len(todo)} to run "
           f"-> {store.grid_dir(spec.name)}", file=out)
@@ -193,12 +193,3 @@ def _lock(store: Store, spec: grid.GridSpec):
         raise UserError(str(d), "another `harness run` of this grid is running on this store",
                         "wait for it to finish (or stop it), then run again to resume") from None
     return f
-
-
-def _existing_same_sha(store: Store, spec: grid.GridSpec) -> dict[str, list]:
-    by_key: dict[str, list] = {}
-    for p in store.iter_paths(spec.name):
-        a = load_path(p)
-        if a.grid.sha256 == spec.sha256:
-            by_key.setdefault(a.grid.run_key, []).append(a)
-    return by_key

@@ -43,7 +43,6 @@ class Comparison:
     ci_high: float
     p_value: float | None
     p_adjusted: float | None
-    verdict: str
     min_detectable: float | None
     warnings: tuple[str, ...]
 
@@ -53,23 +52,24 @@ def min_possible_p(n: int) -> float:
     return 2.0 / (2 ** n) if n > 0 else 1.0
 
 
-def ratio_ci(ratios: np.ndarray) -> tuple[float, float]:
-    if len(ratios) < 2 or np.all(ratios == ratios[0]):
-        return float(np.median(ratios)), float(np.median(ratios))
-    res = sps.bootstrap((ratios,), np.median, n_resamples=BOOT_N, confidence_level=1 - ALPHA,
+def median_ci(values: np.ndarray) -> tuple[float, float]:
+    """Percentile bootstrap 95% CI of the median (seeded)."""
+    if len(values) < 2 or np.all(values == values[0]):
+        return float(np.median(values)), float(np.median(values))
+    res = sps.bootstrap((values,), np.median, n_resamples=BOOT_N, confidence_level=1 - ALPHA,
                         method="percentile", random_state=np.random.default_rng(BOOT_SEED))
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    med = float(np.median(ratios))
+    med = float(np.median(values))
     return min(lo, med), max(hi, med)  # a percentile interval of the median always holds the median
 
 
-def compare(arm: list[float], base: list[float], higher_is_better: bool = True) -> Comparison:
+def compare(arm: list[float], base: list[float]) -> Comparison:
     """Arm vs baseline, paired by pass: ratio arm/base per pass."""
     a, b = np.asarray(arm, float), np.asarray(base, float)
     ratios = a / b
     n = len(ratios)
     med = float(np.median(ratios))
-    lo, hi = ratio_ci(ratios)
+    lo, hi = median_ci(ratios)
     warnings = []
     p = None
     if n >= 1 and not np.all(ratios == 1.0):
@@ -84,7 +84,7 @@ def compare(arm: list[float], base: list[float], higher_is_better: bool = True) 
     # the smallest effect these passes could detect: half-width of the CI around the median ratio
     mde = (hi - lo) / 2 if n >= 2 else None
     return Comparison(n_pairs=n, ratio_median=med, ci_low=lo, ci_high=hi, p_value=p, p_adjusted=p,
-                      verdict="", min_detectable=mde, warnings=tuple(warnings))
+                      min_detectable=mde, warnings=tuple(warnings))
 
 
 def reachable(n_pairs: int, m_comparisons: int = 1) -> bool:

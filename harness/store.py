@@ -14,6 +14,7 @@ from typing import Iterator
 
 from harness.artifact import RunArtifact, dumps, parse
 from harness.errors import UserError
+from harness.paths import read_utf8
 
 
 @dataclass
@@ -62,14 +63,9 @@ class Store:
 
 
 def load_path(path: Path) -> RunArtifact:
+    text = read_utf8(path, "restore the artifact from git")
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise UserError(str(path), f"unreadable: {e.strerror}", "check the path") from e
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UserError(str(path), f"not UTF-8 at byte {e.start}", "restore the artifact from git") from e
+        doc = json.loads(text)
     except ValueError as e:
         raise UserError(str(path), f"invalid JSON: {e}", "restore the artifact from git (truncated?)") from e
     from pydantic import ValidationError

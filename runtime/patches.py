@@ -46,8 +46,7 @@ def detect_node_fraction_refusal() -> dict:
     except Exception as e:  # noqa: BLE001 - a detector reports, never raises
         return {"defective": None, "evidence": f"cannot import vLLM's CPU worker: {e}"}
     src = inspect.getsource(cpu_worker)
-    uses_fraction = "memory_status.total_memory * memory_fraction" in src.replace("\n", " ") or bool(
-        re.search(r"total_memory\s*\*\s*memory_fraction", src))
+    uses_fraction = bool(re.search(r"total_memory\s*\*\s*memory_fraction", src))
     if not uses_fraction:
         return {"defective": False, "evidence": "CPU worker no longer sizes memory as a fraction of a node's total"}
     node = get_memory_node_info(0)

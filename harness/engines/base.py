@@ -52,6 +52,22 @@ class EngineResult:
     stderr_tail: str | None = None
 
 
+class ModelEngine:
+    """An engine that runs a model form: which forms it takes, and the default."""
+
+    name = ""
+    default_form = ""
+    form_prefix = ""
+    form_hint = ""
+
+    def check(self, model: str, form: str | None) -> str:
+        form = form or self.default_form
+        if not form.startswith(self.form_prefix):
+            from harness.errors import UserError
+            raise UserError("arm.form", f"{self.name} needs a {self.form_prefix}* form, got {form!r}", self.form_hint)
+        return form
+
+
 @dataclass
 class ProcResult:
     returncode: int | None

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from harness import llamacpp_build, models
-from harness.engines.base import EngineResult, RunContext, affinity_prefix, failed, run_process, tail
+from harness.engines.base import EngineResult, ModelEngine, RunContext, affinity_prefix, failed, run_process, tail
 from harness.errors import UserError
 
 PASSTHROUGH_OPTIONS = {"batch_size": "-b", "ubatch_size": "-ub", "flash_attn": "-fa", "cache_type_k": "-ctk",
@@ -36,15 +36,11 @@ def parse_bench_json(stdout: str) -> list[dict]:
     raise ValueError("no JSON array in llama-bench output")
 
 
-class LlamaCpp:
+class LlamaCpp(ModelEngine):
     name = "llama.cpp"
     default_form = "gguf-f32"
-
-    def check(self, model: str, form: str | None) -> str:
-        form = form or self.default_form
-        if not form.startswith("gguf-"):
-            raise UserError("arm.form", f"llama.cpp needs a GGUF form, got {form!r}", "use gguf-f32, gguf-bf16, gguf-q8_0 ...")
-        return form
+    form_prefix = "gguf-"
+    form_hint = "use gguf-f32, gguf-bf16, gguf-q8_0 ..."
 
     def engine_info(self) -> dict[str, Any]:
         m = llamacpp_build.load_manifest()

@@ -11,12 +11,13 @@ import json
 import os
 import statistics
 import sys
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from harness import models
-from harness.engines.base import EngineResult, RunContext, affinity_prefix, failed, run_process, tail
+from harness.engines.base import EngineResult, ModelEngine, RunContext, affinity_prefix, failed, run_process, tail
 from harness.errors import UserError
 from harness.paths import cache_root
 
@@ -24,6 +25,7 @@ KNOWN_OPTIONS = {"threads", "dtype", "eager", "max_num_seqs", "kv_cache_memory_b
 FORM_DTYPE = {"hf-fp32": "float32", "hf-bf16": "bfloat16"}
 
 
+@lru_cache(maxsize=None)
 def _wheel_record_hash(dist: str) -> str:
     """sha256 of the installed wheel's RECORD file: it lists every installed file with its hash."""
     try:
@@ -59,15 +61,11 @@ def dtype_for_host(isa: dict) -> tuple[str, str]:
     return "float32", "no bf16 compute in the ISA (no avx512_bf16, no amx_bf16)"
 
 
-class Vllm:
+class Vllm(ModelEngine):
     name = "vllm"
     default_form = "hf-fp32"
-
-    def check(self, model: str, form: str | None) -> str:
-        form = form or self.default_form
-        if not form.startswith("hf-"):
-            raise UserError("arm.form", f"vllm needs an HF safetensors form, got {form!r}", "use hf-fp32 or hf-bf16")
-        return form
+    form_prefix = "hf-"
+    form_hint = "use hf-fp32 or hf-bf16"
 
     def engine_info(self) -> dict[str, Any]:
         try:
@@ -86,14 +84,15 @@ class Vllm:
             raise UserError(f"arms[{ctx.arm.name}].options.{sorted(bad)[0]}", "unknown vllm option",
                             f"known: {', '.join(sorted(KNOWN_OPTIONS))}")
         model_dir = models.form_path(ctx.spec.model, form)
+        form_root = models.load_manifest(ctx.spec.model)["forms"][form]["path"]
         host_overrides: dict[str, Any] = {}
         if opts.get("dtype") == "auto":
             from harness.probe import cpu_info
             chosen, rule = dtype_for_host(cpu_info()["isa"])
             host_overrides["dtype"] = {"requested": "auto", "effective": chosen, "rule": rule}
             opts["dtype"] = chosen
-        weight_files = sorted(str(Path(rel).relative_to(models.load_manifest(ctx.spec.model)["forms"][form]["path"]))
-                              for rel in models.form_files(ctx.spec.model, form) if rel.endswith(".safetensors"))
+        weight_files = sorted(str(Path(rel).relative_to(form_root)) for rel in models.form_files(ctx.spec.model, form)
+                              if rel.endswith(".safetensors"))
         cfg = {"patches": patches_env(ctx.arm.patches), "model_dir": str(model_dir), "threads": ctx.threads, "cpus": ctx.cpus,
                "prompt_len": ctx.params["prompt_len"], "gen_len": ctx.params["gen_len"],
                "context_len": ctx.params["context_len"], "max_num_seqs": int(opts.get("max_num_seqs", ctx.params.get("batch", 1))),
@@ -138,7 +137,6 @@ class Vllm:
                                        "higher_is_better": False,
                                        "definition": "peak RSS of the worker process tree, smaps_rollup polled every "
                                                      f"{r.peak_memory.get('interval_s', 0.25)} s; one sample per run"}
-        form_root = models.load_manifest(ctx.spec.model)["forms"][form]["path"]
         after_load = dict(res["after_load"])
         if isinstance(after_load.get("files"), dict):  # same keys as before/after_run: paths in the model dir
             after_load["files"] = {f"{form_root}/{k}": v for k, v in after_load["files"].items()}
