@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -
 TORCH_INDEX ?=
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: setup venv llama.cpp models demo test test-fast bench planted calibrate clean-venv
+.PHONY: setup venv llama.cpp models demo test test-fast bench planted calibrate fidelity ceiling clean-venv
 
 setup: venv llama.cpp models
 
@@ -68,6 +68,14 @@ planted: venv
 # A/A noise calibration of this machine (identical arms).
 calibrate: venv
 	$(HARNESS) run grids/noise-aa.yaml --store artifacts
+
+# Greedy fidelity of every published build against its engine's bf16 (docs/harness.md).
+fidelity: setup
+	$(HARNESS) fidelity grids/fidelity.yaml
+
+# The machine's ceiling: read bandwidth and matmul FLOP/s at 1..N threads (a calibration artifact).
+ceiling: venv
+	$(HARNESS) probe --bandwidth
 
 test-fast: venv
 	$(PY) -m pytest -q tests -m "not engines"

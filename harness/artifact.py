@@ -130,7 +130,123 @@ class RunArtifact(Frozen):
     timing: Timing
 
 
-ARTIFACT_TYPES: dict[str, type[BaseModel]] = {"run": RunArtifact}
+class FidelityGridRef(Frozen):
+    path: str
+    sha256: str
+    name: str
+    build: str = Field(description="the build's name in the fidelity grid")
+
+
+class PromptSetRef(Frozen):
+    name: str
+    path: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the prompt set file")
+    n_prompts: int = Field(gt=0)
+    chat_template_sha256: str = Field(description="sha256 of the model's own chat template, applied to every prompt")
+    tokenizer_sha256: str = Field(description="sha256 of the tokenizer.json that turned the prompts into token ids")
+    token_ids_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the prompts' token ids, as sent")
+
+
+class Decoding(Frozen):
+    gen_len: int = Field(gt=0, description="tokens generated per prompt (end-of-generation does not stop it)")
+    temperature: float = 0.0
+    top_k: int = Field(gt=0, description="log-probabilities kept per position")
+    seed: int
+
+
+class GreedyOutput(Frozen):
+    id: str = Field(description="prompt id in the prompt set")
+    category: str
+    prompt_tokens: int = Field(gt=0)
+    ids: list[int] = Field(description="the greedy token ids")
+    logprobs: list[float] = Field(default_factory=list, description="log-probability of each greedy token")
+    top: list[list[tuple[int, float]]] = Field(default_factory=list, description="per position: top_k [id, logprob] "
+                                               "of the teacher-forced pass over these greedy ids (as builds are scored)")
+    forced_argmax_agreement: float | None = Field(None, ge=0, le=1, description="share of positions whose "
+                                                  "teacher-forced argmax is the greedy token: batched vs incremental "
+                                                  "numerics of the same build")
+
+
+class PromptFidelity(Frozen):
+    id: str
+    category: str
+    ids: list[int] = Field(description="this build's greedy token ids")
+    exact_match: bool
+    first_divergence: int | None = Field(description="first position whose token differs from the reference; null if none")
+    token_agreement: float = Field(ge=0, le=1, description="share of positions with the reference's token")
+    top1_agreement: float | None = Field(description="teacher-forced on the reference's tokens: share of positions where "
+                                                     "the build's argmax is the reference's argmax")
+    mean_kl: float | None = Field(description="teacher-forced: mean KL(reference || build) over the reference's top-k "
+                                              "plus one bucket for the rest (a lower bound of the full KL), nats")
+    kl_outside_topk: int = Field(0, description="reference candidates outside the build's returned log-probs "
+                                               "(their probability bounded by the build's smallest returned one)")
+
+
+class ReferenceArtifact(Frozen):
+    """A reference build's greedy outputs (bf16 by default) over a prompt set: what builds are compared with."""
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["reference"] = "reference"
+    id: str = Field(pattern=r"^[0-9a-f]{64}$")
+    status: Literal["ok"] = "ok"
+    grid: FidelityGridRef
+    model: ModelRef
+    engine: EngineRef
+    harness: HarnessRef
+    host: dict[str, Any]
+    execution: Execution
+    prompt_set: PromptSetRef
+    decoding: Decoding
+    outputs: list[GreedyOutput]
+    timing: Timing
+
+
+class FidelityArtifact(Frozen):
+    """One build's greedy fidelity against its reference, with the thresholds it was gated on."""
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["fidelity"] = "fidelity"
+    id: str = Field(pattern=r"^[0-9a-f]{64}$")
+    status: Literal["ok", "failed", "timeout"]
+    error: str | None = None
+    stderr_tail: str | None = None
+    grid: FidelityGridRef
+    model: ModelRef
+    engine: EngineRef
+    harness: HarnessRef
+    host: dict[str, Any]
+    execution: Execution
+    prompt_set: PromptSetRef
+    decoding: Decoding
+    reference: dict[str, Any] = Field(description="id, engine, form, model sha256s and engine build of the reference")
+    cross_engine: bool = Field(description="compared with another engine's reference: reported, never gated")
+    prompts: list[PromptFidelity]
+    summary: dict[str, float | int | None]
+    thresholds: dict[str, float]
+    verdict: Literal["pass", "fail", "not gated", "error"]
+    failures: list[str] = Field(default_factory=list, description="each threshold missed, and where prompts diverged")
+    timing: Timing
+
+
+class CalibrationSource(Frozen):
+    name: Literal["calibration"] = "calibration"
+    path: str = Field(description="the command that measured it")
+
+
+class CalibrationArtifact(Frozen):
+    """The machine's ceiling (`harness probe --bandwidth`): read bandwidth and matrix FLOP/s per thread count."""
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["calibration"] = "calibration"
+    id: str = Field(pattern=r"^[0-9a-f]{64}$")
+    status: Literal["ok"] = "ok"
+    grid: CalibrationSource
+    harness: HarnessRef
+    host: dict[str, Any]
+    method: dict[str, Any]
+    results: list[dict[str, Any]] = Field(description="per thread count: threads, torch_threads, samples by measure")
+    timing: Timing
+
+
+ARTIFACT_TYPES: dict[str, type[BaseModel]] = {"run": RunArtifact, "reference": ReferenceArtifact,
+                                              "fidelity": FidelityArtifact, "calibration": CalibrationArtifact}
 
 # Migrations: MIGRATIONS[n] turns a version-n document into version n+1.
 MIGRATIONS: dict[int, Any] = {}
@@ -146,7 +262,7 @@ def compute_id(doc: dict) -> str:
     return hashlib.sha256(canonical(doc)).hexdigest()
 
 
-def finalize(doc: dict) -> RunArtifact:
+def finalize(doc: dict) -> Any:
     """Stamp a document with its id and validate it."""
     doc = dict(doc)
     doc["id"] = "0" * 64
@@ -172,7 +288,7 @@ def migrate(doc: dict, where: str) -> dict:
     return doc
 
 
-def parse(doc: Any, where: str) -> RunArtifact:
+def parse(doc: Any, where: str) -> Any:
     if not isinstance(doc, dict):
         raise UserError(where, "top level is not a JSON object", "restore the artifact from git")
     doc = migrate(doc, where)

@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from harness.artifact import compute_id, parse
 from harness.errors import UserError
 
-# Dotted paths that every run artifact must carry, non-empty.
-REQUIRED = (
-    "grid.path", "grid.sha256", "grid.name", "grid.cell", "grid.arm", "grid.order", "grid.run_key",
+# Dotted paths that every artifact must carry, non-empty.
+COMMON = (
+    "grid.path", "grid.sha256", "grid.name",
     "model.name", "model.form", "model.source", "model.format", "model.dtype",
     "engine.name", "engine.version", "engine.build_commit", "engine.build",
     "harness.version", "harness.commit",
@@ -24,12 +24,25 @@ REQUIRED = (
     "host.memory.total_bytes", "host.memory.available_bytes", "host.cgroup", "host.kernel", "host.governor",
     "host.loadavg_before", "host.loadavg_after",
     "execution.threads", "execution.cpu_affinity", "execution.numa_policy", "execution.env",
-    "execution.requested", "execution.compile_cache",
-    "workload.prompt_token_hash",
-    "residency.after_load", "residency.peak_memory", "residency.page_cache",
+    "execution.requested", "execution.compile_cache", "execution.command",
     "timing.start", "timing.end",
 )
-REQUIRED_OK = ("execution.effective", "execution.command", "metrics")
+HOST = tuple(f for f in COMMON if f.startswith("host."))
+# Per kind: what every artifact of the kind carries, and what an ok one carries besides.
+REQUIRED = {
+    "run": (COMMON + ("grid.cell", "grid.arm", "grid.order", "grid.run_key", "workload.prompt_token_hash",
+                      "residency.after_load", "residency.peak_memory", "residency.page_cache"),
+            ("execution.effective", "metrics")),
+    "reference": (COMMON + ("grid.build", "model.files", "prompt_set.sha256", "prompt_set.token_ids_sha256",
+                            "prompt_set.chat_template_sha256", "prompt_set.tokenizer_sha256", "decoding", "outputs"),
+                  ("execution.effective",)),
+    "fidelity": (COMMON + ("grid.build", "model.files", "prompt_set.sha256", "prompt_set.token_ids_sha256",
+                           "prompt_set.chat_template_sha256", "prompt_set.tokenizer_sha256", "decoding", "reference.id",
+                           "reference.model_sha256", "reference.engine_build", "reference.prompt_set_sha256", "verdict"),
+                 ("execution.effective", "prompts", "summary")),
+    "calibration": (("grid.name", "grid.path", "harness.version", "harness.commit", "method", "results",
+                     "timing.start", "timing.end") + HOST, ()),
+}
 REQUIRED_MODEL = ("model.files", "residency.before", "residency.after_run")
 
 
@@ -71,12 +84,13 @@ def check_doc(doc: Any, where: str, verify_models: bool = True) -> list[str]:
     name = Path(where).name
     if name.endswith(".json") and name[:-5] != doc.get("id"):
         problems.append(f"{where}: id: file name is not <id>.json")
-    needed = list(REQUIRED)
+    always, when_ok = REQUIRED[a.kind]
+    needed = list(always)
     if a.status == "ok":
-        needed += REQUIRED_OK
+        needed += when_ok
     else:
         needed += ["error"]
-    if a.engine.name != "command":
+    if a.kind == "run" and a.engine.name != "command":
         needed += REQUIRED_MODEL
     for f in needed:
         v = _get(doc, f)
@@ -87,11 +101,13 @@ def check_doc(doc: Any, where: str, verify_models: bool = True) -> list[str]:
     if a.harness.dirty:
         problems.append(f"{where}: harness.dirty: written by a dirty tree ({', '.join(a.harness.dirty_files[:3])}); "
                         "published artifacts come from clean trees")
-    if a.status == "ok":
+    if a.kind == "fidelity" and a.status == "ok" and not a.cross_engine and not a.thresholds:
+        problems.append(f"{where}: thresholds: empty; a gated fidelity artifact records the thresholds it met or missed")
+    if a.kind == "run" and a.status == "ok":
         for mname, m in a.metrics.items():
             if not m.samples:
                 problems.append(f"{where}: metrics.{mname}.samples: empty (raw samples are required)")
-    if verify_models and a.model.files:
+    if verify_models and getattr(a, "model", None) is not None and a.model.files:
         problems += _check_model_files(a, where)
     return problems
 
@@ -109,7 +125,7 @@ def _check_model_files(a: Any, where: str) -> list[str]:
     cache = _sha_cache()
     out = []
     for f in a.model.files:
-        p = root / f.path
+        p = root / f.path  # an absolute path (a fidelity build given as a file) stays as it is
         if p.exists() and cache.sha256(p) != f.sha256:
             out.append(f"{where}: model.files[{f.path}].sha256: differs from the local file {p}")
     cache.save()
@@ -138,6 +154,8 @@ def check(paths: Iterable[str], verify_models: bool = True) -> tuple[int, list[s
     """(number of artifacts checked, problems)."""
     files, problems = iter_artifact_paths(paths)
     seen: dict[str, Path] = {}
+    fidelity_refs: list[tuple[str, dict]] = []
+    references: dict[str, dict] = {}
     for f in files:
         where = str(f)
         try:
@@ -157,9 +175,35 @@ def check(paths: Iterable[str], verify_models: bool = True) -> tuple[int, list[s
             problems.append(f"{where}: (file): invalid JSON ({e.msg} at line {e.lineno}); truncated?")
             continue
         problems += check_doc(doc, where, verify_models)
+        if isinstance(doc, dict) and doc.get("kind") == "fidelity" and isinstance(doc.get("reference"), dict):
+            fidelity_refs.append((where, doc))
+        if isinstance(doc, dict) and doc.get("kind") == "reference" and isinstance(doc.get("id"), str):
+            references[doc["id"]] = doc
         aid = doc.get("id") if isinstance(doc, dict) else None
         if isinstance(aid, str):
             if aid in seen and seen[aid].resolve() != f.resolve():
                 problems.append(f"{where}: id: duplicate of {seen[aid]}")
             seen.setdefault(aid, f)
+    problems += _check_references(fidelity_refs, references)
     return len(files), problems
+
+
+def _check_references(fidelity_docs: list[tuple[str, dict]], references: dict[str, dict]) -> list[str]:
+    """Each fidelity artifact's reference is among the checked ones, and is what the artifact says it is."""
+    from harness.fidelity import reference_mismatch
+    out = []
+    for where, doc in fidelity_docs:
+        rid = doc["reference"].get("id")
+        if rid not in references:
+            out.append(f"{where}: reference.id: {str(rid)[:12]}... is not among the checked artifacts "
+                       "(check the fidelity store and baselines together)")
+            continue
+        try:
+            ref, fid = parse(references[rid], rid), parse(doc, where)
+        except (UserError, ValidationError):
+            continue  # reported above
+        eng = None if fid.cross_engine else {"build_commit": fid.engine.build_commit, "build": fid.engine.build}
+        why = reference_mismatch(ref, fid.reference, fid.prompt_set.model_dump(), eng)
+        if why:
+            out.append(f"{where}: reference: {', '.join(why)} from reference {rid[:12]}...")
+    return out

@@ -14,6 +14,11 @@ from harness.errors import UserError
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    if args.bandwidth:
+        from harness import ceiling
+        path = ceiling.measure(args.max_threads, args.repetitions, args.store)
+        print(f"wrote {path}")
+        return 0
     from harness.probe import probe
     print(json.dumps(probe(), indent=2, sort_keys=True))
     return 0
@@ -49,6 +54,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     from harness import llamacpp_build
     m = llamacpp_build.build(rebuild=args.rebuild)
+    llamacpp_build.tool("edge-fidelity")
     print(json.dumps({k: m[k] for k in ("build_commit", "build_key", "compiler", "flags")}, indent=2))
     return 0
 
@@ -101,6 +107,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from harness import fidelity
+    r = fidelity.run(args.grid, store_root=args.store, references_root=args.references)
+    if r.failed_builds or r.errors:
+        print(f"fidelity: {len(r.failed_builds)} build(s) below threshold ({', '.join(r.failed_builds) or 'none'}), "
+              f"{len(r.errors)} error(s)", file=sys.stderr)
+        return 1
+    print(f"fidelity: all builds pass; {len(r.written)} artifact(s) written")
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from harness import index
     from pathlib import Path
@@ -128,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True)
 
     sp = sub.add_parser("probe", help="host profile as JSON on stdout")
+    sp.add_argument("--bandwidth", action="store_true",
+                    help="measure memory read bandwidth and matmul FLOP/s at 1..N threads; store a calibration artifact")
+    sp.add_argument("--max-threads", type=int, default=None, help="N (default: the CPUs this process may use)")
+    sp.add_argument("--repetitions", type=int, default=5)
+    sp.add_argument("--store", default="baselines", help="where the calibration artifact goes (<store>/calibration/)")
     sp.set_defaults(func=cmd_probe)
 
     sm = sub.add_parser("models", help="build and list the model zoo")
@@ -156,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("--store", default="artifacts")
     srun.add_argument("--new-series", action="store_true", help="start a new series when the grid file changed")
     srun.set_defaults(func=cmd_run)
+
+    sf = sub.add_parser("fidelity", help="greedy fidelity of each build against its bf16 reference; exit 1 below threshold")
+    sf.add_argument("grid")
+    sf.add_argument("--store", default="artifacts", help="where fidelity artifacts go (<store>/<grid>/)")
+    sf.add_argument("--references", default="baselines/quality", help="where reference artifacts go (<dir>/<grid>/)")
+    sf.set_defaults(func=cmd_fidelity)
 
     sc = sub.add_parser("check", help="validate artifacts: schema, provenance, id")
     sc.add_argument("paths", nargs="+")

@@ -19,7 +19,7 @@ from harness.paths import read_utf8
 WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
 AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form")
 ORDERS = ("interleaved", "sequential", "random")
-TOP_FIELDS = {"name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
+TOP_FIELDS = {"kind", "name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
               "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads"}
 ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa"}
 WHY_NO_DEFAULTS = "each of prompt_len, context_len, gen_len has produced a wrong conclusion when left at a default"
@@ -96,6 +96,10 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
     from harness.engines import ENGINES
     if not isinstance(doc, dict):
         raise _err(path, "(top level)", "must be a mapping of grid fields", "see docs/harness.md")
+    if doc.get("kind", "speed") != "speed":
+        raise _err(path, "kind", f"{doc.get('kind')!r} grids are not run by `harness run`",
+                   "run a kind: fidelity grid with `harness fidelity`" if doc.get("kind") == "fidelity"
+                   else "kind is speed (the default) or fidelity")
     unknown = set(doc) - TOP_FIELDS
     if unknown:
         raise _err(path, sorted(unknown)[0], "unknown field", f"allowed: {', '.join(sorted(TOP_FIELDS))}")

@@ -57,6 +57,8 @@ def build(root: str | Path) -> Path:
     rows: dict[str, list] = {f.name: [] for f in SCHEMA}
     for p in paths:
         a = load_path(p)
+        if a.kind != "run":  # references and fidelity results have no metrics to index
+            continue
         w = a.workload
         lb = a.host.get("loadavg_before")
         base = {"id": a.id, "path": str(p.relative_to(root)), "grid": a.grid.name, "grid_sha256": a.grid.sha256,

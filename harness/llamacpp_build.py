@@ -55,10 +55,20 @@ def native_isa() -> str:
     return "unknown"
 
 
+def _key_payload() -> dict:
+    return {"sdist_sha256": SDIST_SHA256, "flags": list(CMAKE_FLAGS), "targets": list(TARGETS),
+            "native_isa": native_isa()}
+
+
+def code_key() -> str:
+    """What the binaries compute: the sdist's content hash, every flag that changes the binaries, and the
+    native ISA. Files the build makes (the model zoo's GGUF conversions and quantizations) key on this."""
+    return hashlib.sha256(json.dumps(_key_payload()).encode()).hexdigest()[:16]
+
+
 def build_key() -> str:
-    """Cache key: the sdist's content hash, every flag that changes the binaries, and the native ISA."""
-    payload = json.dumps({"sdist_sha256": SDIST_SHA256, "flags": list(CMAKE_FLAGS), "targets": list(TARGETS),
-                          "native_isa": native_isa()})
+    """Cache key of the build directory: the code key, and what the build keeps (its static libraries)."""
+    payload = json.dumps({**_key_payload(), "keeps_static_libs": True})
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -200,6 +210,12 @@ def build(rebuild: bool = False) -> dict:
             p = bdir / "bin" / t
             shutil.copy2(p, bins / t)
             binaries[t] = {"path": str(final_bins / t), "sha256": sha256_file(bins / t), "size": (bins / t).stat().st_size}
+        # The static libraries stay, so that the project's own tools (harness/native/) link against
+        # exactly the code the binaries above run, without a second llama.cpp build.
+        libs = stage / "lib"
+        libs.mkdir()
+        for a in sorted(bdir.rglob("*.a")):
+            shutil.copy2(a, libs / a.name)
         cache = _read_cmake_cache(bdir / "CMakeCache.txt")
         shutil.rmtree(bdir)
         manifest = {
@@ -216,6 +232,7 @@ def build(rebuild: bool = False) -> dict:
             "native": True,
             "native_isa": native_isa(),
             "binaries": binaries,
+            "static_libs": sorted(a.name for a in libs.iterdir()),
             "source_dir": str(out / "src"),
             "convert_script": str(out / "src" / "convert_hf_to_gguf.py"),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -234,6 +251,61 @@ def build(rebuild: bool = False) -> dict:
         raise
     print(f"[llama.cpp] built in {manifest['build_seconds']} s -> {out}", file=sys.stderr)
     return manifest
+
+
+NATIVE_DIR = Path(__file__).resolve().parent / "native"
+# Link order matters for static archives: each one after the ones that use it.
+TOOL_LIBS = ("libllama.a", "libggml.a", "libggml-cpu.a", "libggml-base.a")
+
+
+def tool(name: str) -> Path:
+    """A project tool (harness/native/NAME.cpp) linked against the pinned build's static libraries.
+
+    Cached beside the build, keyed by the tool's source sha256: editing the tool recompiles only it.
+    """
+    src = NATIVE_DIR / f"{name}.cpp"
+    manifest = load_manifest()
+    if "static_libs" not in manifest:
+        raise UserError(str(manifest_path()), "static_libs: this build kept no libraries", "run `make llama.cpp REBUILD=1`")
+    digest = sha256_file(src)
+    out_dir = build_dir() / "tools" / digest[:16]
+    exe = out_dir / name
+    meta = out_dir / "tool.json"
+    if exe.exists() and meta.exists():
+        info = json.loads(meta.read_text())
+        if sha256_file(exe) != info["sha256"]:
+            raise UserError(str(exe), "sha256 differs from its tool.json (corrupted build)", f"delete {out_dir} and rerun")
+        return exe
+    cxx = manifest.get("compiler_path") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise UserError("c++", "no C++ compiler found", "apt-get install g++")
+    srcdir = Path(manifest["source_dir"])
+    libdir = build_dir() / "lib"
+    stage = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=build_dir()))
+    cmd = [cxx, "-O2", "-std=c++17", "-march=native", f"-I{srcdir / 'include'}", f"-I{srcdir / 'ggml' / 'include'}",
+           f"-I{srcdir / 'vendor'}", str(src), *[str(libdir / lib) for lib in TOOL_LIBS],
+           "-fopenmp", "-lpthread", "-ldl", "-lm", "-o", str(stage / name)]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        shutil.rmtree(stage, ignore_errors=True)
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(str(src), f"compiling {name} failed: {last}", "see the compiler message; `make llama.cpp REBUILD=1` "
+                        "if the libraries are missing")
+    info = {"name": name, "source": str(src.relative_to(NATIVE_DIR.parent.parent)), "source_sha256": digest,
+            "sha256": sha256_file(stage / name), "build_key": build_key(), "command": cmd,
+            "compile_seconds": round(time.time() - t0, 1)}
+    (stage / "tool.json").write_text(json.dumps(info, indent=2) + "\n")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(stage, out_dir)
+    return exe
+
+
+def tool_info(name: str) -> dict:
+    tool(name)
+    return json.loads((build_dir() / "tools" / sha256_file(NATIVE_DIR / f"{name}.cpp")[:16] / "tool.json").read_text())
 
 
 def _read_cmake_cache(path: Path) -> dict[str, str]:

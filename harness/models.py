@@ -216,7 +216,7 @@ def model_key(name: str) -> str:
     """Cache key: the model's inputs (wheel hash, llama.cpp build) and the recipe version."""
     from harness import llamacpp_build
     payload = json.dumps({"name": name, "recipe": RECIPE_VERSION, "wheel": SMOL_WHEEL_SHA256,
-                          "llama.cpp": llamacpp_build.build_key(), "tiny": TINY_CONFIG if name == "tiny-llama" else None},
+                          "llama.cpp": llamacpp_build.code_key(), "tiny": TINY_CONFIG if name == "tiny-llama" else None},
                          sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import numpy as np
@@ -159,14 +160,124 @@ def grid_section(name: str, all_arts: list[RunArtifact]) -> dict:
     }
 
 
-def collect(store_dirs: list[str]) -> dict[str, list[RunArtifact]]:
+def collect(store_dirs: list[str]) -> tuple[dict[str, list[RunArtifact]], dict[str, list], list]:
+    """Run artifacts by grid, fidelity artifacts by fidelity grid (references are read through them),
+    and calibration artifacts."""
     by_grid: dict[str, list[RunArtifact]] = defaultdict(list)
+    fidelity: dict[str, list] = defaultdict(list)
+    calibrations = []
     for d in store_dirs:
         st = Store(Path(d))
         for p in st.iter_paths():
             a = load_path(p)
-            by_grid[a.grid.name].append(a)
-    return dict(sorted(by_grid.items()))
+            if a.kind == "run":
+                by_grid[a.grid.name].append(a)
+            elif a.kind == "fidelity":
+                fidelity[a.grid.name].append(a)
+            elif a.kind == "calibration":
+                calibrations.append(a)
+    return dict(sorted(by_grid.items())), dict(sorted(fidelity.items())), calibrations
+
+
+# The speed grids whose builds are set against the machine's ceiling (when they are in the store).
+CEILING_GRIDS = ("llamacpp-baseline", "vllm-vs-llamacpp", "decode-threads")
+
+
+def ceiling_section(calibrations: list, runs: dict[str, list[RunArtifact]]) -> dict | None:
+    """Decode as weight bytes per second against the measured read bandwidth, prefill as FLOP/s against
+    the measured matmul peak, both at the run's thread count (newest calibration, newest series)."""
+    if not calibrations:
+        return None
+    from harness.ceiling import best_by_threads
+    cal = max(calibrations, key=lambda c: c.timing.end)
+    best = best_by_threads(cal)
+    cal_rows = [{"threads": t, "bw": f"{b['read_bandwidth_gb_s']:.1f}", "fp32": f"{b['matmul_gflop_s_fp32']:.0f}",
+                 "bf16": f"{b['matmul_gflop_s_bf16']:.0f}"} for t, b in sorted(best.items())]
+    rows = []
+    for name in CEILING_GRIDS:
+        if name not in runs:
+            continue
+        groups: dict[tuple, list[RunArtifact]] = defaultdict(list)
+        for a in _series(runs[name]):
+            if a.status == "ok" and "decode_tok_s" in a.metrics and a.model.files:
+                groups[(a.grid.cell, a.grid.arm)].append(a)
+        for (cell, arm), arts in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+            a0 = arts[0]
+            t = a0.execution.threads
+            if t not in best:
+                continue
+            wbytes = sum(f.size for f in a0.model.files if f.path.endswith((".gguf", ".safetensors")))
+            dec = stats.summarize([stats.summarize(a.metrics["decode_tok_s"].samples).median for a in arts]).median
+            pre = stats.summarize([stats.summarize(a.metrics["prefill_tok_s"].samples).median for a in arts]).median
+            gbs = wbytes * dec / 1e9
+            bf16 = "bf16" in a0.model.dtype or "bfloat16" in a0.model.dtype
+            peak = best[t]["matmul_gflop_s_bf16" if bf16 else "matmul_gflop_s_fp32"]
+            gflops = 2 * a0.model.parameters * pre / 1e9
+            rows.append({"grid": name, "cell": cell.replace("batch=1,", ""), "arm": arm, "engine": a0.engine.name,
+                         "form": a0.model.form, "threads": t, "mib": f"{wbytes / 2**20:.0f}", "decode": _fmt(dec),
+                         "gbs": f"{gbs:.2f}", "bw_share": f"{100 * gbs / best[t]['read_bandwidth_gb_s']:.0f}%",
+                         "prefill": _fmt(pre), "gflops": f"{gflops:.0f}",
+                         "peak": f"{'bf16' if bf16 else 'fp32'} {peak:.0f}", "flop_share": f"{100 * gflops / peak:.0f}%",
+                         "n": len(arts)})
+    return {"calibration": cal_rows, "rows": rows, "id": cal.id[:12], "command": cal.grid.path,
+            "definitions": cal.method["definitions"], "date": cal.timing.start[:10],
+            "dirty": cal.harness.dirty, "host": f"{cal.host['cpu']['model']}, {cal.host['cpu']['logical_cores']} logical cores"}
+
+
+def _speed_of(runs: dict[str, list[RunArtifact]], engine: str, form: str, threads: int) -> dict[str, str]:
+    """A build's measured speed, from the newest series of the speed grids: the first of CEILING_GRIDS that
+    ran this engine, model form and thread count (then any other grid), its cell with the shortest prompt."""
+    groups: dict[tuple, list[RunArtifact]] = defaultdict(list)
+    for name, arts in runs.items():
+        for a in _series(arts):
+            if (a.status == "ok" and a.engine.name == engine and a.model.form == form and a.execution.threads == threads
+                    and "decode_tok_s" in a.metrics):
+                groups[(name, a.grid.cell)].append(a)
+    if not groups:
+        return {"decode": "not measured", "prefill": "not measured", "where": ""}
+
+    def rank(kv: tuple) -> tuple:
+        (name, cell), arts = kv
+        grid_rank = CEILING_GRIDS.index(name) if name in CEILING_GRIDS else len(CEILING_GRIDS)
+        return grid_rank, arts[0].workload.prompt_len, -len(arts), name, cell
+    (grid_name, cell), arts = min(groups.items(), key=rank)
+    out = {"where": f"{grid_name}, {cell.replace('batch=1,', '')}"}
+    for key, metric in (("decode", "decode_tok_s"), ("prefill", "prefill_tok_s")):
+        vals = [stats.summarize(a.metrics[metric].samples).median for a in arts if metric in a.metrics]
+        out[key] = _fmt(stats.summarize(vals).median) if vals else "not measured"
+    return out
+
+
+def fidelity_section(name: str, all_arts: list, runs: dict[str, list[RunArtifact]]) -> dict:
+    """The newest result of each build (and cross-engine pair) of a fidelity grid, beside its speed."""
+    latest = max(all_arts, key=lambda a: a.timing.end)
+    arts = [a for a in all_arts if a.grid.sha256 == latest.grid.sha256]
+    newest: dict[tuple, Any] = {}
+    for a in sorted(arts, key=lambda a: a.timing.end):
+        newest[(a.grid.build, a.cross_engine)] = a
+    rows = []
+    for (build, cross), a in sorted(newest.items(), key=lambda kv: (kv[0][1], kv[1].engine.name, kv[0][0])):
+        s = a.summary
+        speed = _speed_of(runs, a.engine.name, a.model.form, a.execution.threads)
+
+        def f(key: str, digits: str = ".3f") -> str:
+            v = s.get(key)
+            return "-" if v is None else format(v, digits)
+        diverged = sorted((p.first_divergence, p.id) for p in a.prompts if p.first_divergence is not None)
+        rows.append({"build": build + (" (cross-engine)" if cross else ""), "engine": a.engine.name, "form": a.model.form,
+                     "reference": f"{a.reference['engine']} {a.reference['form']} `{a.reference['id'][:12]}`",
+                     "verdict": a.verdict if a.status == "ok" else f"error: {a.error}",
+                     "exact": f("exact_match_rate", ".2f"), "first_div": f("median_first_divergence", "g"),
+                     "agree": f("token_agreement"), "top1": f("top1_agreement"), "kl": f("mean_kl", ".4f"),
+                     "thresholds": ", ".join(f"{k} {v:g}" for k, v in sorted(a.thresholds.items())) or "not gated",
+                     "earliest": ", ".join(f"{pid}@{pos}" for pos, pid in diverged[:3]) or "none",
+                     "decode": speed["decode"], "prefill": speed["prefill"], "speed_where": speed["where"],
+                     "id": a.id[:12]})
+    fingerprint = hashlib.sha256("\n".join(sorted(a.id for a in all_arts)).encode()).hexdigest()[:16]
+    return {"name": name, "grid_path": latest.grid.path, "grid_sha": latest.grid.sha256[:12], "model": latest.model.name,
+            "prompt_set": latest.prompt_set, "decoding": latest.decoding, "rows": rows, "n_artifacts": len(arts),
+            "n_older": len(all_arts) - len(arts), "fingerprint": fingerprint, "threads": latest.execution.threads,
+            "dirty": any(a.harness.dirty for a in arts), "harness_commits": sorted({a.harness.commit[:12] for a in arts})}
 
 
 def render(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> str:
@@ -202,7 +313,9 @@ def build(store_dirs: list[str] | None = None, template: str = "results.md.j2") 
             if not Path(d).is_dir():
                 raise UserError(str(d), "--store: no such store directory", "pass the folder that holds <grid>/<id>.json")
     store_dirs = store_dirs or ["artifacts", "baselines"]
-    grids = collect([d for d in store_dirs if Path(d).exists()])
+    grids, fidelity, calibrations = collect([d for d in store_dirs if Path(d).exists()])
+    fsections = [fidelity_section(name, arts, grids) for name, arts in fidelity.items()]
+    ceiling = ceiling_section(calibrations, grids)
     sections = []
     for name, arts in grids.items():
         sec = grid_section(name, arts)
@@ -211,7 +324,8 @@ def build(store_dirs: list[str] | None = None, template: str = "results.md.j2") 
         sections.append(sec)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    return env.get_template(template).render(sections=sections, stores=store_dirs), sections
+    return env.get_template(template).render(sections=sections, fidelity=fsections, ceiling=ceiling,
+                                                   stores=store_dirs), sections
 
 
 def check_file(path: str, text: str) -> list[str]:

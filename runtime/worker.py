@@ -24,18 +24,39 @@ def _prompt_ids(seed: int, n: int, vocab: int, special: set[int]) -> list[int]:
     return ids
 
 
-def run(cfg: dict) -> dict:
+def _bind_env(cfg: dict) -> None:
+    """Before vLLM is imported: the arm's threads through vLLM's public knob, the engine core in-process."""
     threads = int(cfg["threads"])
     cpus = cfg.get("cpus") or list(range(threads))
     # The arm's threads, through vLLM's public knob: its OpenMP threads bound to these CPUs.
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cpus)
-    # In-process engine core: ~25 s start instead of ~55 s here, and the config is readable in-process.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # In-process engine core unless the arm asks otherwise (engine_core: multiprocess): measured cheaper
+    # to start here (grids/runtime-startup.yaml, docs/runtime.md), and its config is readable in-process.
+    if cfg.get("engine_core") == "multiprocess":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    else:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _llm(cfg: dict, **extra):
+    """The vLLM engine for one worker (after _bind_env)."""
+    from vllm import LLM
+    kv_requested = int(cfg["kv_cache_memory_bytes"]) if cfg.get("kv_cache_memory_bytes") else None
+    return LLM(model=cfg["model_dir"], dtype=cfg.get("dtype", "float32"), max_model_len=int(cfg["context_len"]),
+               max_num_seqs=int(cfg.get("max_num_seqs", 1)), enforce_eager=bool(cfg.get("eager", True)),
+               kv_cache_memory_bytes=kv_requested, enable_prefix_caching=False, seed=0, trust_remote_code=False,
+               **extra)
+
+
+def run(cfg: dict) -> dict:
+    threads = int(cfg["threads"])
+    cpus = cfg.get("cpus") or list(range(threads))
+    _bind_env(cfg)
     t_import = time.time()
     import torch
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     model_dir = cfg["model_dir"]
@@ -48,9 +69,7 @@ def run(cfg: dict) -> dict:
     # None means vLLM's default sizing (stock) or the runtime's geometry-derived budget (patched)
     kv_requested = int(cfg["kv_cache_memory_bytes"]) if cfg.get("kv_cache_memory_bytes") else None
     t0 = time.time()
-    llm = LLM(model=model_dir, dtype=dtype, max_model_len=context_len, max_num_seqs=max_num_seqs,
-              enforce_eager=bool(cfg.get("eager", True)), kv_cache_memory_bytes=kv_requested,
-              enable_prefix_caching=False, seed=0, trust_remote_code=False)
+    llm = _llm(cfg)
     t_loaded = time.time()
     after_load = {}
     try:
@@ -109,13 +128,15 @@ def run(cfg: dict) -> dict:
             "enforce_eager": vc.model_config.enforce_eager,
             "compilation_mode": getattr(vc.compilation_config.mode, "name", str(vc.compilation_config.mode)),
             "multiprocess_engine_core": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1",
+            "engine_core_client": type(getattr(engine, "engine_core", None)).__name__,
             "prefix_caching": cache.enable_prefix_caching,
             "runtime_plugin_loaded": os.environ.get("EDGE_HARNESS_RUNTIME_LOADED") == "1",
             "platform": type(current_platform).__name__,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         },
         "requested": {"dtype": dtype, "threads": threads, "cpus": cpus, "kv_cache_memory_bytes": kv_requested,
-                      "context_len": context_len, "max_num_seqs": max_num_seqs, "eager": bool(cfg.get("eager", True))},
+                      "context_len": context_len, "max_num_seqs": max_num_seqs, "eager": bool(cfg.get("eager", True)),
+                      "engine_core": cfg.get("engine_core", "inprocess")},
         "kv_bytes_per_token": patches.kv_bytes_per_token(hf_config, dtype_size),
         "patches": patch_manifest,
         "overrides": {k: v for k, v in patches.APPLIED.items()},
@@ -127,13 +148,66 @@ def run(cfg: dict) -> dict:
     return result
 
 
+def fidelity(cfg: dict) -> dict:
+    """Greedy token ids with top-k log-probabilities, and teacher-forced scoring of a given continuation,
+    for `harness fidelity`: the same request and result format as harness/native/edge-fidelity.cpp."""
+    req = cfg["request"]
+    n, k = int(req["n_predict"]), int(req["top_k"])
+    kk = 2 * k  # the build's own top-2k: a reference candidate outside it gets a bound, counted
+    _bind_env(cfg)
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    import vllm
+    import torch
+    llm = _llm({**cfg, "context_len": req["n_ctx"]}, max_logprobs=kk)
+    out = []
+    for p in req["prompts"]:
+        ids = list(p["ids"])
+        sp = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0, logprobs=k, seed=0)
+        o = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0].outputs[0]
+        g_ids = list(o.token_ids)
+        g_lp, g_top = [], []
+        for t, d in zip(g_ids, o.logprobs):
+            g_lp.append(float(d[t].logprob))
+            g_top.append([[int(i), float(lp.logprob)] for i, lp in sorted(d.items(), key=lambda x: x[1].rank)][:k])
+        res = {"greedy": {"ids": g_ids, "logprobs": g_lp, "top": g_top}}
+        if "forced" in p or p.get("self_forced"):
+            forced = list(p["forced"]) if "forced" in p else list(g_ids)
+            cands = p.get("candidates") or [[] for _ in forced]
+            sp2 = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=kk, seed=0)
+            o2 = llm.generate([TokensPrompt(prompt_token_ids=ids + forced)], sp2, use_tqdm=False)[0]
+            f_arg, f_lp, f_c, f_floor, f_top = [], [], [], [], []
+            for j, t in enumerate(forced):
+                d = o2.prompt_logprobs[len(ids) + j]
+                ranked = sorted(d.items(), key=lambda x: x[1].rank)
+                f_arg.append(int(ranked[0][0]))
+                f_top.append([[int(i), float(lp.logprob)] for i, lp in ranked[:k]])
+                f_lp.append(float(d[t].logprob))
+                f_c.append([float(d[c].logprob) if c in d else None for c in cands[j]])
+                f_floor.append(min(float(x.logprob) for x in d.values()))
+            res["forced"] = {"argmax": f_arg, "logprobs": f_lp, "candidates": f_c, "floor": f_floor, "top": f_top}
+        out.append(res)
+    vc = llm.llm_engine.vllm_config
+    from runtime import patches
+    return {"status": "ok", "prompts": out, "n_predict": n, "top_k": k,
+            "engine": {"name": "vllm", "version": vllm.__version__, "torch": torch.__version__},
+            "effective": {"dtype": str(vc.model_config.dtype).replace("torch.", ""),
+                          "max_model_len": vc.model_config.max_model_len, "torch_threads": torch.get_num_threads(),
+                          "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+                          "enforce_eager": vc.model_config.enforce_eager, "max_logprobs": kk},
+            "patches": patches.manifest(patches.APPLIED), "overrides": dict(patches.APPLIED)}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    mode = run
+    if argv and argv[0] == "--fidelity":
+        mode, argv = fidelity, argv[1:]
     cfg_path, out_path = argv[0], argv[1]
     with open(cfg_path) as f:
         cfg = json.load(f)
     try:
-        result = run(cfg)
+        result = mode(cfg)
         rc = 0
     except Exception as e:  # the harness stores a failed run as an artifact, never drops it
         result = {"status": "failed", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}

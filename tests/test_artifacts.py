@@ -69,7 +69,7 @@ def test_id_stable_under_key_order_and_whitespace(one, seed, indent):
     assert artifact.compute_id(shuffled) == doc["id"]
 
 
-@pytest.mark.parametrize("field", check.REQUIRED + check.REQUIRED_OK)
+@pytest.mark.parametrize("field", check.REQUIRED["run"][0] + check.REQUIRED["run"][1])
 def test_removing_a_required_field_fails(one, field):
     _, doc = one
     if field.startswith(("model.files", "residency.before", "residency.after_run")):

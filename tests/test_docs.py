@@ -18,6 +18,10 @@ def test_formats_md_schema_in_sync():
 
 @pytest.mark.parametrize("path", sorted((PROJECT_ROOT / "grids").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_grid_plans(path):
+    if "kind: fidelity" in path.read_text():
+        from harness import fidelity
+        assert fidelity.load_grid(path).builds
+        return
     spec = grid.load(path)
     runs = schedule.schedule(spec)
     assert runs and len(runs) == len(grid.expand(spec)) * len(spec.arms) * spec.passes

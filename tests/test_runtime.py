@@ -104,3 +104,30 @@ def test_one_thread_requested_one_thread_used(tmp_path):
     assert patched["effective"]["torch_threads"] == 1
     assert patched["effective"]["cpu_affinity"] == [0]
     assert patched["overrides"]["threads-follow-bind"]["effective"]["torch_threads"] == 1
+
+
+_NODE_INFO = ("import json; from vllm.utils.cpu_resource_utils import get_memory_node_info as g; m = g(0); "
+              "print(json.dumps([m.total_memory, m.available_memory]))")
+_HOLD = ("import sys, time; n = int(sys.argv[1]); b = bytearray(n); b[::4096] = b'\\x01' * len(range(0, n, 4096)); "
+         "print('ready', flush=True); time.sleep(900)")
+
+
+@pytest.mark.engines
+def test_stock_refuses_to_start_when_others_use_memory_patched_starts(tmp_path):
+    """Stock at default settings wants 0.92 x the node's memory free; with another process holding
+    memory (any real machine) it refuses to start. The patched runtime asks for the KV it needs."""
+    r = subprocess.run([sys.executable, "-c", _NODE_INFO], capture_output=True, text=True, timeout=300, check=True)
+    total, available = json.loads(r.stdout.strip().splitlines()[-1])
+    hold = max(0, available - int(0.85 * total)) + (256 << 20)  # leaves 0.85 x total available at most
+    if hold > available - (3 << 30):
+        pytest.skip(f"holding {hold >> 20} MiB would leave under 3 GiB for the engine")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(hold)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        stock = _worker(tmp_path, "none")
+        patched = _worker(tmp_path, "all")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert stock["status"] == "failed" and "less than desired CPU memory utilization" in stock["error"]
+    assert patched["status"] == "ok" and patched["effective"]["kv_tokens"] == 256

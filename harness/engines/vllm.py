@@ -21,7 +21,8 @@ from harness.engines.base import EngineResult, ModelEngine, RunContext, affinity
 from harness.errors import UserError
 from harness.paths import cache_root
 
-KNOWN_OPTIONS = {"threads", "dtype", "eager", "max_num_seqs", "kv_cache_memory_bytes"}
+KNOWN_OPTIONS = {"threads", "dtype", "eager", "max_num_seqs", "kv_cache_memory_bytes", "engine_core"}
+ENGINE_CORES = ("inprocess", "multiprocess")
 FORM_DTYPE = {"hf-fp32": "float32", "hf-bf16": "bfloat16"}
 
 
@@ -83,6 +84,9 @@ class Vllm(ModelEngine):
         if bad:
             raise UserError(f"arms[{ctx.arm.name}].options.{sorted(bad)[0]}", "unknown vllm option",
                             f"known: {', '.join(sorted(KNOWN_OPTIONS))}")
+        if opts.get("engine_core", "inprocess") not in ENGINE_CORES:
+            raise UserError(f"arms[{ctx.arm.name}].options.engine_core", f"unknown value {opts['engine_core']!r}",
+                            f"known: {', '.join(ENGINE_CORES)}")
         model_dir = models.form_path(ctx.spec.model, form)
         form_root = models.load_manifest(ctx.spec.model)["forms"][form]["path"]
         host_overrides: dict[str, Any] = {}
@@ -98,7 +102,8 @@ class Vllm(ModelEngine):
                "context_len": ctx.params["context_len"], "max_num_seqs": int(opts.get("max_num_seqs", ctx.params.get("batch", 1))),
                "dtype": opts.get("dtype", FORM_DTYPE.get(form, "float32")), "eager": bool(opts.get("eager", True)),
                "kv_cache_memory_bytes": opts.get("kv_cache_memory_bytes"), "warmups": ctx.spec.warmups,
-               "repetitions": ctx.spec.repetitions, "weight_files": weight_files}
+               "repetitions": ctx.spec.repetitions, "weight_files": weight_files,
+               "engine_core": opts.get("engine_core", "inprocess")}
         # Per-arm compile cache keyed by the full effective config: arms never load each other's graphs.
         key = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k not in ("repetitions", "warmups")},
                                         sort_keys=True).encode()).hexdigest()[:16]

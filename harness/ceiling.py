@@ -1,0 +1,102 @@
+"""The machine's physical ceiling: memory read bandwidth and peak matrix FLOP/s at 1..N threads.
+
+`harness probe --bandwidth` measures both in a fresh process per thread count (torch, whose
+OpenMP pool is sized once per process) and stores a `calibration` artifact. The report divides
+each engine's decode (weight bytes per token x tokens per second) by the bandwidth at the same
+thread count, and its prefill (2 x parameters FLOP per token x tokens per second) by the peak.
+
+Bandwidth kernel, STREAM-like: a sum over a 1 GiB fp32 tensor (read-only, far beyond the caches),
+bytes read / wall time; FLOP/s kernel: a 2048 x 2048 matrix product, 2n^3 / wall time, in fp32
+and bf16. Each is the best of its repetitions after one warm-up (the ceiling is the best the
+machine reached; the samples are all kept).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness import artifact, provenance
+from harness.errors import UserError
+from harness.store import Store
+
+BANDWIDTH_BYTES = 1 << 30
+MATMUL_N = 2048
+DEFINITIONS = {
+    "read_bandwidth_gb_s": f"torch.sum over a {BANDWIDTH_BYTES >> 20} MiB fp32 tensor: bytes read / wall time, "
+                           "10^9 bytes per GB; one warm-up, then each repetition a sample",
+    "matmul_gflop_s_fp32": f"torch.mm of two {MATMUL_N}x{MATMUL_N} fp32 matrices: 2n^3 / wall time, 10^9 FLOP",
+    "matmul_gflop_s_bf16": f"torch.mm of two {MATMUL_N}x{MATMUL_N} bf16 matrices: 2n^3 / wall time, 10^9 FLOP",
+}
+
+
+def _kernel(threads: int, reps: int) -> dict:
+    """Runs inside a fresh process: the measurements at one thread count."""
+    import torch
+    torch.set_num_threads(threads)
+    out: dict[str, list[float]] = {}
+    x = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32)
+    samples = []
+    for i in range(reps + 1):
+        t0 = time.perf_counter()
+        x.sum()
+        dt_ = time.perf_counter() - t0
+        if i:
+            samples.append(BANDWIDTH_BYTES / dt_ / 1e9)
+    out["read_bandwidth_gb_s"] = samples
+    del x
+    for name, dtype in (("matmul_gflop_s_fp32", torch.float32), ("matmul_gflop_s_bf16", torch.bfloat16)):
+        a = torch.randn(MATMUL_N, MATMUL_N).to(dtype)
+        b = torch.randn(MATMUL_N, MATMUL_N).to(dtype)
+        samples = []
+        for i in range(reps + 1):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            dt_ = time.perf_counter() - t0
+            if i:
+                samples.append(2 * MATMUL_N ** 3 / dt_ / 1e9)
+        out[name] = samples
+    return {"threads": threads, "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "samples": out}
+
+
+def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "baselines", out=None) -> Path:
+    out = out or sys.stderr
+    n = max_threads or len(os.sched_getaffinity(0))
+    host0 = provenance.host_info()
+    start, t0 = dt.datetime.now(dt.timezone.utc), time.time()
+    per_threads = []
+    for t in range(1, n + 1):
+        cmd = [sys.executable, "-c", f"import json; from harness.ceiling import _kernel; print(json.dumps(_kernel({t}, {reps})))"]
+        env = {**os.environ, "OMP_NUM_THREADS": str(t)}
+        cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:t])
+        r = subprocess.run(["taskset", "-c", cpus, *cmd], capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            raise UserError("harness probe --bandwidth", f"kernel at {t} thread(s) exited {r.returncode}: "
+                            f"{(r.stderr.strip().splitlines() or ['no output'])[-1]}", "see the message")
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        per_threads.append(res)
+        best = {k: max(v) for k, v in res["samples"].items()}
+        print(f"[ceiling] {t} thread(s): read {best['read_bandwidth_gb_s']:.1f} GB/s, fp32 "
+              f"{best['matmul_gflop_s_fp32']:.0f} GFLOP/s, bf16 {best['matmul_gflop_s_bf16']:.0f} GFLOP/s", file=out)
+    host = {**host0, "loadavg_before": host0["loadavg"], "loadavg_after": provenance.loadavg_now()}
+    host.pop("loadavg", None)
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
+    doc = {"schema_version": artifact.SCHEMA_VERSION, "kind": "calibration", "status": "ok",
+           "grid": {"name": "calibration", "path": f"harness probe --bandwidth --max-threads {n} --repetitions {reps}"},
+           "harness": provenance.harness_info(), "host": host,
+           "method": {"definitions": DEFINITIONS, "repetitions": reps, "warmups": 1, "process_per_thread_count": True,
+                      "affinity": "taskset to the first N allowed CPUs"},
+           "results": per_threads,
+           "timing": {"start": start.strftime(fmt), "end": dt.datetime.now(dt.timezone.utc).strftime(fmt),
+                      "duration_s": round(time.time() - t0, 6)}}
+    a = artifact.finalize(doc)
+    return Store(Path(store_root)).write(a)
+
+
+def best_by_threads(cal: "artifact.CalibrationArtifact") -> dict[int, dict[str, float]]:
+    return {r["threads"]: {k: max(v) for k, v in r["samples"].items()} for r in cal.results}

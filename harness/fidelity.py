@@ -1,0 +1,558 @@
+"""`harness fidelity GRID`: each build's greedy outputs against its own engine's bf16 reference.
+
+A fidelity grid (`kind: fidelity`) names a model, a committed prompt set, the builds to check and
+the thresholds they must meet. The prompts go through the model's own chat template once, with the
+model's own tokenizer; every engine receives the same token ids. For each engine the reference
+build (bf16 by default) generates greedily and is stored as a `reference` artifact under
+baselines/quality/<grid>/ (reused while its model files, prompt set, engine build and decoding
+settings are the same). Every build then generates greedily, and is scored teacher-forced on the
+reference's tokens: exact match, first divergence, token agreement, top-1 agreement and a
+top-k KL. A build below a threshold makes the command exit 1, naming the prompts that diverged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness import artifact, models, provenance
+from harness.errors import UserError
+from harness.paths import read_utf8, sha256_file
+from harness.store import Store, load_path
+
+ENGINES = ("llama.cpp", "vllm")
+DEFAULT_REFERENCES = {"llama.cpp": "gguf-bf16", "vllm": "hf-bf16"}
+THRESHOLDS = {  # name -> (summary metric, direction)
+    "min_exact_match_rate": ("exact_match_rate", ">="),
+    "min_token_agreement": ("token_agreement", ">="),
+    "min_first_divergence": ("median_first_divergence", ">="),
+    "min_top1_agreement": ("top1_agreement", ">="),
+    "max_mean_kl": ("mean_kl", "<="),
+}
+TOP_FIELDS = {"kind", "name", "description", "model", "prompts", "gen_len", "top_k", "threads", "seed", "timeout_s",
+              "references", "builds", "thresholds", "cross_engine"}
+BUILD_FIELDS = {"name", "engine", "form", "path", "options", "thresholds"}
+TOOL = "edge-fidelity"
+
+
+@dataclass(frozen=True)
+class Build:
+    name: str
+    engine: str
+    form: str | None
+    path: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FidelityGrid:
+    path: str
+    sha256: str
+    name: str
+    description: str
+    model: str
+    prompts_path: Path
+    gen_len: int
+    top_k: int
+    threads: int
+    seed: int
+    timeout_s: float
+    references: dict[str, str]
+    builds: tuple[Build, ...]
+    thresholds: dict[str, float]
+    cross_engine: tuple[tuple[str, str], ...]
+
+
+def _err(path: str, fld: str, problem: str, fix: str = "") -> UserError:
+    return UserError(path, f"{fld}: {problem}", fix)
+
+
+def _thresholds(path: str, fld: str, raw: Any) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise _err(path, fld, "must be a mapping of threshold name to number", f"known: {', '.join(THRESHOLDS)}")
+    out = {}
+    for k, v in raw.items():
+        if k not in THRESHOLDS:
+            raise _err(path, f"{fld}.{k}", "unknown threshold", f"known: {', '.join(THRESHOLDS)}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            raise _err(path, f"{fld}.{k}", f"must be a number >= 0, got {v!r}")
+        out[k] = float(v)
+    return out
+
+
+def load_grid(path: str | Path) -> FidelityGrid:
+    p = Path(path)
+    text = read_utf8(p, "save the grid as UTF-8")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UserError(str(p), f"invalid YAML: {getattr(e, 'problem', e)}", "fix the YAML syntax") from e
+    sp = str(path)
+    if not isinstance(doc, dict):
+        raise _err(sp, "(top level)", "must be a mapping", "see docs/harness.md, fidelity grids")
+    if doc.get("kind") != "fidelity":
+        raise _err(sp, "kind", f"is {doc.get('kind')!r}, not fidelity", "`harness fidelity` runs grids with kind: fidelity; "
+                   "use `harness run` for speed grids")
+    bad = set(doc) - TOP_FIELDS
+    if bad:
+        raise _err(sp, sorted(bad)[0], "unknown field", f"allowed: {', '.join(sorted(TOP_FIELDS))}")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
+        raise _err(sp, "name", f"must be a name of letters, digits, - and _, got {name!r}")
+    model = doc.get("model")
+    if model not in models.MODELS:
+        raise _err(sp, "model", f"unknown model {model!r}", f"known: {', '.join(sorted(models.MODELS))}")
+    for req in ("prompts", "gen_len", "threads", "thresholds", "builds"):
+        if req not in doc:
+            raise _err(sp, req, "is required and has no default", "see grids/fidelity.yaml")
+    prompts_path = (p.parent / str(doc["prompts"])).resolve()
+    if not prompts_path.is_file():
+        raise _err(sp, "prompts", f"no such prompt set {prompts_path}", "give a path relative to the grid file")
+    ints = {}
+    for k, lo, default in (("gen_len", 1, None), ("top_k", 1, 20), ("threads", 1, None), ("seed", 0, 0)):
+        v = doc.get(k, default)
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise _err(sp, k, f"must be an integer >= {lo}, got {v!r}")
+        ints[k] = v
+    refs = dict(DEFAULT_REFERENCES)
+    raw_refs = doc.get("references") or {}
+    if not isinstance(raw_refs, dict) or any(k not in ENGINES for k in raw_refs):
+        raise _err(sp, "references", f"must map an engine ({', '.join(ENGINES)}) to its reference form")
+    refs.update(raw_refs)
+    thresholds = _thresholds(sp, "thresholds", doc["thresholds"])
+    raw_builds = doc["builds"]
+    if not isinstance(raw_builds, list) or not raw_builds:
+        raise _err(sp, "builds", "must be a non-empty list", "each build: {name, engine, form}")
+    builds = []
+    for i, b in enumerate(raw_builds):
+        f = f"builds[{i}]"
+        if not isinstance(b, dict):
+            raise _err(sp, f, "must be a mapping")
+        bad = set(b) - BUILD_FIELDS
+        if bad:
+            raise _err(sp, f"{f}.{sorted(bad)[0]}", "unknown field", f"allowed: {', '.join(sorted(BUILD_FIELDS))}")
+        if b.get("engine") not in ENGINES:
+            raise _err(sp, f"{f}.engine", f"unknown engine {b.get('engine')!r}", f"known: {', '.join(ENGINES)}")
+        if not isinstance(b.get("name"), str) or not b["name"]:
+            raise _err(sp, f"{f}.name", "must be a non-empty string")
+        if ("form" in b) == ("path" in b):
+            raise _err(sp, f, "needs exactly one of form (a zoo form) or path (a GGUF file)")
+        bpath = None
+        if "path" in b:
+            if b["engine"] != "llama.cpp":
+                raise _err(sp, f"{f}.path", "only llama.cpp builds can be a file", "use form for vllm")
+            bpath = str((p.parent / str(b["path"])).resolve())
+        else:
+            prefix = "gguf-" if b["engine"] == "llama.cpp" else "hf-"
+            if not str(b["form"]).startswith(prefix):
+                raise _err(sp, f"{f}.form", f"{b['engine']} needs a {prefix}* form, got {b['form']!r}")
+        opts = b.get("options") or {}
+        if not isinstance(opts, dict) or (set(opts) - {"dtype"}):
+            raise _err(sp, f"{f}.options", "only dtype is known (vllm)")
+        builds.append(Build(name=b["name"], engine=b["engine"], form=b.get("form"), path=bpath, options=opts,
+                            thresholds={**thresholds, **_thresholds(sp, f"{f}.thresholds", b.get("thresholds") or {})}))
+    names = [b.name for b in builds]
+    if len(set(names)) != len(names):
+        raise _err(sp, "builds", f"build names must be unique, got {names}")
+    cross = []
+    for i, c in enumerate(doc.get("cross_engine") or []):
+        if not isinstance(c, dict) or c.get("build") not in names or c.get("against") not in ENGINES:
+            raise _err(sp, f"cross_engine[{i}]", "must be {build: <a build name>, against: <an engine>}",
+                       f"builds: {', '.join(names)}")
+        cross.append((c["build"], c["against"]))
+    timeout = doc.get("timeout_s", 900)
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise _err(sp, "timeout_s", f"must be a positive number of seconds, got {timeout!r}")
+    return FidelityGrid(path=sp, sha256=hashlib.sha256(text.encode()).hexdigest(), name=name,
+                        description=str(doc.get("description", "")), model=model, prompts_path=prompts_path,
+                        gen_len=ints["gen_len"], top_k=ints["top_k"], threads=ints["threads"], seed=ints["seed"],
+                        timeout_s=float(timeout), references=refs, builds=tuple(builds), thresholds=thresholds,
+                        cross_engine=tuple(cross))
+
+
+# ---- prompts ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PromptSet:
+    ref: dict[str, Any]
+    prompts: list[dict]  # id, category, text, ids
+
+
+def load_prompts(g: FidelityGrid) -> PromptSet:
+    """The prompt set, through the model's own chat template and tokenizer (the same ids for every engine)."""
+    where = str(g.prompts_path)
+    try:
+        doc = json.loads(read_utf8(g.prompts_path, "save the prompt set as UTF-8"))
+        prompts = doc["prompts"]
+        assert isinstance(prompts, list) and prompts and all(isinstance(x["id"], str) and isinstance(x["text"], str)
+                                                             for x in prompts)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise UserError(where, "prompts: must be a JSON object with a list of {id, category, text}",
+                        "see grids/prompts/fidelity-v1.json") from None
+    root = models.ensure(g.model)
+    manifest = models.load_manifest(g.model)
+    hf = next((f["path"] for f in manifest["forms"].values() if f["format"] == "safetensors"), None)
+    if hf is None:
+        raise UserError(g.path, f"model: {g.model} has no HF form with a tokenizer", "add an hf-* form to the model")
+    tok_dir = root / hf
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    template = tok_dir / "chat_template.jinja"
+    out = []
+    for pr in prompts:
+        enc = tok.apply_chat_template([{"role": "user", "content": pr["text"]}], add_generation_prompt=True,
+                                      tokenize=True)
+        ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
+        out.append({"id": pr["id"], "category": pr.get("category", ""), "text": pr["text"], "ids": [int(i) for i in ids]})
+    ids_sha = hashlib.sha256(json.dumps([p["ids"] for p in out]).encode()).hexdigest()
+    ref = {"name": str(doc.get("name", g.prompts_path.stem)), "path": os.path.relpath(g.prompts_path),
+           "sha256": sha256_file(g.prompts_path), "n_prompts": len(out),
+           "chat_template_sha256": sha256_file(template) if template.exists() else "none (tokenizer_config template)",
+           "tokenizer_sha256": sha256_file(tok_dir / "tokenizer.json"), "token_ids_sha256": ids_sha}
+    return PromptSet(ref=ref, prompts=out)
+
+
+# ---- engines ------------------------------------------------------------------------------------------
+
+def _model_block(g: FidelityGrid, b: Build | None, engine: str, form: str | None) -> tuple[dict, Path]:
+    if b is not None and b.path:
+        fp = Path(b.path)
+        if not fp.is_file():
+            raise UserError(b.path, f"builds[{b.name}].path: no such GGUF file", "give an existing file")
+        return ({"name": g.model, "form": f"file:{fp.name}", "source": {"file": str(fp)}, "format": "gguf",
+                 "dtype": "as stored", "parameters": models.load_manifest(g.model)["parameters"],
+                 "files": [{"path": str(fp), "size": fp.stat().st_size, "sha256": sha256_file(fp)}]}, fp)
+    assert form is not None
+    m = models.load_manifest(g.model)
+    if form not in m["forms"]:
+        raise UserError(g.path, f"form {form!r} is not a form of {g.model}", f"known: {', '.join(sorted(m['forms']))}")
+    f = m["forms"][form]
+    files = models.form_files(g.model, form)
+    return ({"name": g.model, "form": form, "source": m["source"], "format": f["format"], "dtype": f["dtype"],
+             "parameters": m["parameters"],
+             "files": [{"path": rel, "size": i["size"], "sha256": i["sha256"]} for rel, i in sorted(files.items())]},
+            models.form_path(g.model, form))
+
+
+def engine_block(engine: str) -> dict:
+    if engine == "llama.cpp":
+        from harness import llamacpp_build
+        from harness.engines.llamacpp import LlamaCpp
+        info = LlamaCpp().engine_info()
+        t = llamacpp_build.tool_info(TOOL)
+        build = {**info["build"], "binary": TOOL, "binary_sha256": t["sha256"], "tool_source_sha256": t["source_sha256"]}
+        return {"name": "llama.cpp", "version": info["version"], "build_commit": info["build_commit"], "build": build,
+                "patches": [], "overrides": {}}
+    from harness.engines.vllm import Vllm
+    info = Vllm().engine_info()
+    return {"name": "vllm", "version": info["version"], "build_commit": info["build_commit"], "build": info["build"],
+            "patches": [], "overrides": {}}
+
+
+def generate(g: FidelityGrid, engine: str, model_path: Path, dtype: str | None, request: dict, workdir: Path) -> dict:
+    """Run one build over the prompts in a fresh process; the result of edge-fidelity (or the vLLM worker)."""
+    from harness.engines.base import run_process, tail
+    req_path, out_path = workdir / "request.json", workdir / "result.json"
+    req_path.write_text(json.dumps(request))
+    cpus = list(range(g.threads))
+    if engine == "llama.cpp":
+        from harness import llamacpp_build
+        cmd = [str(llamacpp_build.tool(TOOL)), "-m", str(model_path), "-t", str(g.threads), "-i", str(req_path),
+               "-o", str(out_path)]
+        env_rec = {"OMP_NUM_THREADS": str(g.threads)}
+    else:
+        from harness.engines.vllm import patches_env
+        cfg = {"model_dir": str(model_path), "threads": g.threads, "cpus": cpus, "dtype": dtype, "eager": True,
+               "request": request}
+        cfg_path = workdir / "worker-config.json"
+        cfg_path.write_text(json.dumps(cfg))
+        cmd = [sys.executable, "-m", "runtime.worker", "--fidelity", str(cfg_path), str(out_path)]
+        env_rec = {"EDGE_HARNESS_PATCHES": patches_env("all"), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                   "VLLM_DO_NOT_TRACK": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | env_rec
+    r = run_process(cmd, env, g.timeout_s)
+    res: dict[str, Any] = {"command": cmd, "env": env_rec, "cpus": cpus}
+    if r.timed_out:
+        return res | {"status": "timeout", "error": f"{engine} exceeded {g.timeout_s:.0f} s", "stderr": tail(r.stderr)}
+    try:
+        out = json.loads(out_path.read_text())
+    except (OSError, ValueError):
+        return res | {"status": "failed", "error": f"{engine} exited {r.returncode} without a result: {tail(r.stderr, 1)}",
+                      "stderr": tail(r.stderr)}
+    if r.returncode != 0 or out.get("status", "ok") != "ok":
+        return res | {"status": "failed", "error": out.get("error", f"exited {r.returncode}"),
+                      "stderr": tail((out.get("traceback") or "") + r.stderr)}
+    return res | {"status": "ok", "result": out}
+
+
+# ---- comparison ---------------------------------------------------------------------------------------
+
+def kl_topk(ref_top: list, cand_lp: list, floor: float | None) -> tuple[float, int]:
+    """KL(ref || build) over the reference's top-k tokens plus one bucket for the rest of the vocabulary.
+
+    Coarsening both distributions the same way can only lower a KL divergence, so this is a lower
+    bound of the full-vocabulary KL. A candidate the build did not report (outside its returned
+    log-probabilities) gets the build's smallest reported one, an upper bound of its probability.
+    """
+    missing = 0
+    p, q = [], []
+    for (_, lp_ref), lp_b in zip(ref_top, cand_lp):
+        if lp_b is None:
+            missing += 1
+            lp_b = floor if floor is not None else -50.0
+        p.append(math.exp(lp_ref))
+        q.append(math.exp(lp_b))
+    kl = sum(pi * (math.log(pi) - math.log(max(qi, 1e-300))) for pi, qi in zip(p, q) if pi > 0)
+    p_rest, q_rest = 1.0 - sum(p), max(1.0 - sum(q), 1e-12)
+    if p_rest > 1e-12:
+        kl += p_rest * math.log(p_rest / q_rest)
+    return max(kl, 0.0), missing
+
+
+def compare(ref_outputs: list[dict], build_prompts: list[dict]) -> list[dict]:
+    rows = []
+    for ref, b in zip(ref_outputs, build_prompts):
+        r_ids, b_ids = ref["ids"], b["greedy"]["ids"]
+        agree = [x == y for x, y in zip(r_ids, b_ids)]
+        first = next((i for i, a in enumerate(agree) if not a), None)
+        row = {"id": ref["id"], "category": ref["category"], "ids": b_ids, "exact_match": first is None,
+               "first_divergence": first, "token_agreement": sum(agree) / len(r_ids), "top1_agreement": None,
+               "mean_kl": None, "kl_outside_topk": 0}
+        fz = b.get("forced")
+        if fz:
+            # both argmaxes under the same (reference) context and the same teacher-forced computation
+            ref_argmax = [pos[0][0] for pos in ref["top"]]
+            row["top1_agreement"] = sum(a == t for a, t in zip(fz["argmax"], ref_argmax)) / len(r_ids)
+            floors = fz.get("floor") or [None] * len(r_ids)
+            kls = [kl_topk(top, cl, fl) for top, cl, fl in zip(ref["top"], fz["candidates"], floors)]
+            row["mean_kl"] = statistics.fmean(k for k, _ in kls)
+            row["kl_outside_topk"] = sum(m for _, m in kls)
+        rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict], gen_len: int) -> dict:
+    firsts = [r["first_divergence"] if r["first_divergence"] is not None else gen_len for r in rows]
+    top1 = [r["top1_agreement"] for r in rows if r["top1_agreement"] is not None]
+    kls = [r["mean_kl"] for r in rows if r["mean_kl"] is not None]
+    return {"n_prompts": len(rows), "exact_match_rate": sum(r["exact_match"] for r in rows) / len(rows),
+            "median_first_divergence": float(statistics.median(firsts)),
+            "min_first_divergence": min(firsts),
+            "token_agreement": statistics.fmean(r["token_agreement"] for r in rows),
+            "top1_agreement": statistics.fmean(top1) if top1 else None,
+            "mean_kl": statistics.fmean(kls) if kls else None}
+
+
+def gate(summary: dict, thresholds: dict[str, float], rows: list[dict]) -> list[str]:
+    fails = []
+    for name, limit in sorted(thresholds.items()):
+        metric, op = THRESHOLDS[name]
+        v = summary.get(metric)
+        if v is None:
+            fails.append(f"{metric}: not measured (threshold {name} {limit})")
+        elif (op == ">=" and v < limit) or (op == "<=" and v > limit):
+            fails.append(f"{metric} {v:.4g} {'<' if op == '>=' else '>'} {name} {limit:g}")
+    if fails:
+        div = [f"{r['id']}@{r['first_divergence']}" for r in rows if r["first_divergence"] is not None]
+        fails.append("diverged (prompt@first token): " + (", ".join(div) if div else "none"))
+    return fails
+
+
+# ---- references ---------------------------------------------------------------------------------------
+
+def reference_key(a: Any) -> dict:
+    """What a reference must share with a build to be its reference."""
+    return {"engine": a.engine.name, "build_commit": a.engine.build_commit,
+            "engine_build": a.engine.build, "prompt_set_sha256": a.prompt_set.sha256,
+            "token_ids_sha256": a.prompt_set.token_ids_sha256}
+
+
+def reference_mismatch(ref: Any, fid_ref: dict, prompt_set: dict, engine: dict | None) -> list[str]:
+    """Why a reference artifact is not the one a fidelity artifact names (empty: it is)."""
+    out = []
+    if ref.id != fid_ref.get("id"):
+        out.append("id differs")
+    if sorted(f.sha256 for f in ref.model.files) != sorted(fid_ref.get("model_sha256", [])):
+        out.append("model hash differs")
+    if ref.prompt_set.sha256 != prompt_set["sha256"] or ref.prompt_set.token_ids_sha256 != prompt_set["token_ids_sha256"]:
+        out.append("prompt set hash differs")
+    if engine is not None and (ref.engine.build_commit != engine["build_commit"] or ref.engine.build != engine["build"]):
+        out.append("engine build differs")
+    return out
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _execution(res: dict, g: FidelityGrid, engine: str, requested: dict, effective: dict) -> dict:
+    return {"threads": g.threads, "cpu_affinity": res["cpus"], "numa_policy": "default (no numa option)",
+            "env": {**provenance.relevant_env(), **res["env"]}, "requested": requested, "effective": effective,
+            "compile_cache": {"key": "n/a", "state": "n/a (eager)" if engine == "vllm" else "n/a (no compile cache)"},
+            "eager": True if engine == "vllm" else None, "command": [str(c) for c in res["command"]]}
+
+
+def _host(before: dict) -> dict:
+    host = {**before, "loadavg_before": before["loadavg"], "loadavg_after": provenance.loadavg_now()}
+    host.pop("loadavg", None)
+    return host
+
+
+@dataclass
+class FidelityRun:
+    written: list[Path]
+    failed_builds: list[str]
+    errors: list[str]
+    lines: list[str]
+
+
+def _find_reference(refs: Store, g: FidelityGrid, engine: str, form: str, eng: dict, model_files: list,
+                    prompts: PromptSet, out) -> Any | None:
+    for p in reversed(list(refs.iter_paths(g.name))):
+        a = load_path(p)
+        if a.kind != "reference" or a.engine.name != engine or a.model.form != form:
+            continue
+        why = reference_mismatch(a, {"id": a.id, "model_sha256": [f["sha256"] for f in model_files]}, prompts.ref, eng)
+        if a.decoding.gen_len != g.gen_len or a.decoding.top_k != g.top_k:
+            why.append("decoding settings differ")
+        if not why:
+            return a
+        print(f"[fidelity] reference {p}: not reused ({', '.join(why)})", file=out)
+    return None
+
+
+def run(grid_path: str, store_root: str = "artifacts", references_root: str = "baselines/quality",
+        out=None) -> FidelityRun:
+    out = out or sys.stderr
+    g = load_grid(grid_path)
+    prompts = load_prompts(g)
+    store, refs = Store(Path(store_root)), Store(Path(references_root))
+    workroot = Path(tempfile.mkdtemp(prefix="edge-fidelity-"))
+    n_ctx = max(len(p["ids"]) for p in prompts.prompts) + g.gen_len + 8
+    decoding = {"gen_len": g.gen_len, "temperature": 0.0, "top_k": g.top_k, "seed": g.seed}
+    grid_ref = {"path": g.path, "sha256": g.sha256, "name": g.name}
+    harness = provenance.harness_info()
+    print(f"[fidelity] {g.name}: {len(g.builds)} builds x {len(prompts.prompts)} prompts x {g.gen_len} tokens, "
+          f"prompt set {prompts.ref['sha256'][:12]}", file=out)
+    run_ = FidelityRun([], [], [], [])
+    engines = sorted({b.engine for b in g.builds} | {a for _, a in g.cross_engine})
+    references: dict[str, Any] = {}
+    eng_blocks = {e: engine_block(e) for e in engines}
+    for e in engines:
+        form = g.references[e]
+        mblock, mpath = _model_block(g, None, e, form)
+        ref = _find_reference(refs, g, e, form, eng_blocks[e], mblock["files"], prompts, out)
+        if ref is None:
+            print(f"[fidelity] reference {e} {form}: generating", file=out, flush=True)
+            wd = Path(tempfile.mkdtemp(prefix="ref-", dir=workroot))
+            request = {"n_predict": g.gen_len, "top_k": g.top_k, "n_ctx": n_ctx,
+                       "prompts": [{"ids": p["ids"], "self_forced": True} for p in prompts.prompts]}
+            host0, start, t0 = provenance.host_info(), _now(), time.time()
+            dtype = "bfloat16" if e == "vllm" else None
+            res = generate(g, e, mpath, dtype, request, wd)
+            if res["status"] != "ok":
+                raise UserError(f"reference {e} {form}", f"{res['error']}", "fix the engine (see the message) and rerun; "
+                                "no fidelity can be measured without its reference")
+            # The reference's distributions come from the teacher-forced pass over its own greedy tokens, the
+            # same computation a build is scored with: a build identical to the reference scores top-1 1, KL 0.
+            outs = [{"id": p["id"], "category": p["category"], "prompt_tokens": len(p["ids"]), "ids": r["greedy"]["ids"],
+                     "logprobs": r["greedy"]["logprobs"], "top": r["forced"]["top"],
+                     "forced_argmax_agreement": sum(a == t for a, t in zip(r["forced"]["argmax"], r["greedy"]["ids"]))
+                     / len(r["greedy"]["ids"])}
+                    for p, r in zip(prompts.prompts, res["result"]["prompts"])]
+            eng = {**eng_blocks[e]}
+            if e == "vllm":
+                eng |= {"patches": res["result"]["patches"], "overrides": res["result"]["overrides"]}
+            doc = {"schema_version": artifact.SCHEMA_VERSION, "kind": "reference", "status": "ok",
+                   "grid": {**grid_ref, "build": f"reference-{e}"}, "model": mblock, "engine": eng, "harness": harness,
+                   "host": _host(host0),
+                   "execution": _execution(res, g, e, {"form": form, "dtype": dtype, "threads": g.threads},
+                                           res["result"].get("effective", {"threads": g.threads})),
+                   "prompt_set": prompts.ref, "decoding": decoding, "outputs": outs,
+                   "timing": {"start": start, "end": _now(), "duration_s": round(time.time() - t0, 6)}}
+            ref = artifact.finalize(doc)
+            path = refs.write(ref)
+            run_.written.append(path)
+            print(f"[fidelity] reference {e} {form}: {path}", file=out)
+        else:
+            print(f"[fidelity] reference {e} {form}: reusing {ref.id[:12]}", file=out)
+        references[e] = ref
+
+    jobs = [(b, b.engine, False) for b in g.builds] + [(next(b for b in g.builds if b.name == n), a, True)
+                                                       for n, a in g.cross_engine]
+    for b, against, cross in jobs:
+        ref = references[against]
+        mblock, mpath = _model_block(g, b, b.engine, b.form)
+        dtype = b.options.get("dtype") or ({"hf-fp32": "float32", "hf-bf16": "bfloat16"}.get(b.form or "")
+                                           if b.engine == "vllm" else None)
+        request = {"n_predict": g.gen_len, "top_k": g.top_k, "n_ctx": n_ctx,
+                   "prompts": [{"ids": p["ids"], "forced": o.ids, "candidates": [[t[0] for t in pos] for pos in o.top]}
+                               for p, o in zip(prompts.prompts, ref.outputs)]}
+        label = f"{b.name}{' vs ' + against + ' reference' if cross else ''}"
+        print(f"[fidelity] {label}: generating", file=out, flush=True)
+        wd = Path(tempfile.mkdtemp(prefix="build-", dir=workroot))
+        host0, start, t0 = provenance.host_info(), _now(), time.time()
+        res = generate(g, b.engine, mpath, dtype, request, wd)
+        eng = {**eng_blocks[b.engine]}
+        ref_block = {"id": ref.id, "engine": ref.engine.name, "form": ref.model.form,
+                     "model_sha256": sorted(f.sha256 for f in ref.model.files),
+                     "engine_build": {"build_commit": ref.engine.build_commit, "build": ref.engine.build},
+                     "prompt_set_sha256": ref.prompt_set.sha256}
+        doc: dict[str, Any] = {
+            "schema_version": artifact.SCHEMA_VERSION, "kind": "fidelity", "grid": {**grid_ref, "build": b.name},
+            "model": mblock, "harness": harness, "prompt_set": prompts.ref, "decoding": decoding,
+            "reference": ref_block, "cross_engine": cross, "thresholds": {} if cross else b.thresholds}
+        if res["status"] != "ok":
+            doc |= {"status": res["status"], "error": res["error"], "stderr_tail": res.get("stderr"), "engine": eng,
+                    "prompts": [], "summary": {}, "verdict": "error", "failures": [res["error"]]}
+            effective: dict = {}
+        else:
+            result = res["result"]
+            if b.engine == "vllm":
+                eng |= {"patches": result["patches"], "overrides": result["overrides"]}
+            if not cross:
+                why = reference_mismatch(ref, ref_block, prompts.ref, eng)
+                if why:
+                    raise UserError(f"reference {ref.id[:12]}", f"not usable for {b.name}: {', '.join(why)}",
+                                    "rerun `harness fidelity` to generate a matching reference")
+            rows = compare([o.model_dump() for o in ref.outputs], result["prompts"])
+            summary = summarize(rows, g.gen_len)
+            fails = [] if cross else gate(summary, b.thresholds, rows)
+            verdict = "not gated" if cross else ("fail" if fails else "pass")
+            doc |= {"status": "ok", "engine": eng, "prompts": rows, "summary": summary, "verdict": verdict,
+                    "failures": fails}
+            effective = result.get("effective", {"threads": g.threads})
+        doc["host"] = _host(host0)
+        doc["execution"] = _execution(res, g, b.engine, {"form": mblock["form"], "dtype": dtype, "threads": g.threads,
+                                               "gen_len": g.gen_len, "top_k": g.top_k}, effective)
+        doc["timing"] = {"start": start, "end": _now(), "duration_s": round(time.time() - t0, 6)}
+        a = artifact.finalize(doc)
+        path = store.write(a)
+        run_.written.append(path)
+        s = a.summary
+        if a.status != "ok":
+            run_.errors.append(f"{label}: {a.error}")
+            line = f"{label}: ERROR {a.error}"
+        else:
+            line = (f"{label}: {a.verdict}: exact {s['exact_match_rate']:.2f}, first divergence median "
+                    f"{s['median_first_divergence']:g}, token agreement {s['token_agreement']:.3f}, top-1 "
+                    f"{s['top1_agreement']:.3f}, KL {s['mean_kl']:.4f}")
+            if a.verdict == "fail":
+                run_.failed_builds.append(b.name)
+                line += "\n    " + "\n    ".join(a.failures)
+        run_.lines.append(line)
+        print(f"[fidelity] {line}", file=out, flush=True)
+    return run_
