@@ -143,6 +143,10 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
     store = Store(Path(store_root))
     lock = _lock(store, spec)  # held until this function returns (the file object closes)
     runs = schedule(spec)
+    from harness.schedule import passes_warning
+    warn = passes_warning(spec)
+    if warn:
+        print(f"[harness] {warn}", file=out)
     done = existing(store, spec, new_series)
     # a run is finished when it has an ok artifact (or any artifact, when failures are not retried)
     todo = [r for r in runs if not any(a.status == "ok" or not retry_failed for a in done.get(r.run_key, []))]

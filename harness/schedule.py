@@ -104,11 +104,25 @@ def plan_rows(runs: list[RunSpec]) -> list[dict]:
              "run_key": r.run_key} for r in runs]
 
 
+def passes_warning(spec: GridSpec) -> str | None:
+    """Whether the grid's passes can reach a verdict at all over its comparisons (before anything runs)."""
+    from harness import stats
+    m = len(expand(spec)) * (len(spec.arms) - 1)
+    if m == 0 or stats.reachable(spec.passes, m):
+        return None
+    need = next(n for n in range(1, 64) if stats.reachable(n, m))
+    return (f"warning: {spec.passes} passes can never reach p<{stats.ALPHA} with a paired signed-rank test over {m} "
+            f"Holm-corrected comparison(s) per metric; the report will say 'undetermined'. Use passes: {need} or more")
+
+
 def format_plan(spec: GridSpec, runs: list[RunSpec]) -> str:
     cells = expand(spec)
     lines = [f"grid {spec.name} ({spec.path}, sha256 {spec.sha256[:12]}): {len(cells)} cells x "
-             f"{len(spec.arms)} arms x {spec.passes} passes = {len(runs)} runs, order {spec.order}, seed {spec.seed}",
-             f"{'#':>4}  {'pass':>4}  {'pos':>3}  {'arm':<20} cell"]
+             f"{len(spec.arms)} arms x {spec.passes} passes = {len(runs)} runs, order {spec.order}, seed {spec.seed}"]
+    warn = passes_warning(spec)
+    if warn:
+        lines.append(warn)
+    lines.append(f"{'#':>4}  {'pass':>4}  {'pos':>3}  {'arm':<20} cell")
     for r in runs:
         lines.append(f"{r.index:>4}  {r.pass_index:>4}  {r.position:>3}  {r.arm:<20} {r.cell.id}")
     return "\n".join(lines)
