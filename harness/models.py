@@ -206,6 +206,25 @@ MODELS: dict[str, ModelDef] = {
 }
 
 
+def matmul_parameters(config: dict) -> int:
+    """Weights a prompt token is multiplied with in prefill: every decoder layer's projections. The token
+    embedding is a lookup, and the output head runs for the last prompt token only."""
+    h, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    hd = config.get("head_dim") or h // config["num_attention_heads"]
+    q = config["num_attention_heads"] * hd
+    kv = config["num_key_value_heads"] * hd
+    return layers * (h * q + 2 * h * kv + q * h + 3 * h * inter)
+
+
+# Per model, from its pinned config (SmolLM2-135M: 30 layers, hidden 576, 9 heads, 3 KV heads,
+# head_dim 64, intermediate 1536): the FLOP count of a prefill token is 2 x this.
+MATMUL_PARAMETERS = {
+    "smollm2-135m": matmul_parameters({"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                                       "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64}),
+    "tiny-llama": matmul_parameters({**TINY_CONFIG, "head_dim": 64}),
+}
+
+
 def get_def(name: str) -> ModelDef:
     if name not in MODELS:
         raise UserError("model", f"unknown model {name!r}", f"known models: {', '.join(sorted(MODELS))}")

@@ -211,13 +211,16 @@ def ceiling_section(calibrations: list, runs: dict[str, list[RunArtifact]]) -> d
             pre = stats.summarize([stats.summarize(a.metrics["prefill_tok_s"].samples).median for a in arts]).median
             gbs = wbytes * dec / 1e9
             bf16 = "bf16" in a0.model.dtype or "bfloat16" in a0.model.dtype
+            quant = a0.model.dtype.lower().startswith("q")
             peak = best[t]["matmul_gflop_s_bf16" if bf16 else "matmul_gflop_s_fp32"]
-            gflops = 2 * a0.model.parameters * pre / 1e9
+            from harness.models import MATMUL_PARAMETERS
+            gflops = 2 * MATMUL_PARAMETERS.get(a0.model.name, a0.model.parameters) * pre / 1e9
             rows.append({"grid": name, "cell": cell.replace("batch=1,", ""), "arm": arm, "engine": a0.engine.name,
                          "form": a0.model.form, "threads": t, "mib": f"{wbytes / 2**20:.0f}", "decode": _fmt(dec),
                          "gbs": f"{gbs:.2f}", "bw_share": f"{100 * gbs / best[t]['read_bandwidth_gb_s']:.0f}%",
                          "prefill": _fmt(pre), "gflops": f"{gflops:.0f}",
-                         "peak": f"{'bf16' if bf16 else 'fp32'} {peak:.0f}", "flop_share": f"{100 * gflops / peak:.0f}%",
+                         "peak": "-" if quant else f"{'bf16' if bf16 else 'fp32'} {peak:.0f}",
+                         "flop_share": "n/a (integer kernels)" if quant else f"{100 * gflops / peak:.0f}%",
                          "n": len(arts)})
     return {"calibration": cal_rows, "rows": rows, "id": cal.id[:12], "command": cal.grid.path,
             "definitions": cal.method["definitions"], "date": cal.timing.start[:10],

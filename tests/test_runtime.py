@@ -131,3 +131,28 @@ def test_stock_refuses_to_start_when_others_use_memory_patched_starts(tmp_path):
         holder.wait()
     assert stock["status"] == "failed" and "less than desired CPU memory utilization" in stock["error"]
     assert patched["status"] == "ok" and patched["effective"]["kv_tokens"] == 256
+
+
+def test_auto_core_and_eager_take_the_least_measured_cost():
+    from harness.engines.vllm import choose_core_and_eager
+    costs = {"grid_sha256": "x", "configs": {
+        ("inprocess", True): {"startup_s": 5.0, "s_per_token": 0.044},
+        ("inprocess", False): {"startup_s": 70.0, "s_per_token": 0.040},
+        ("multiprocess", True): {"startup_s": 21.0, "s_per_token": 0.070}}}
+    assert choose_core_and_eager("auto", "auto", 256, costs)[:2] == ("inprocess", True)
+    # compiling pays off only past (70-5)/(0.044-0.040) = 16,250 decoded tokens per process
+    assert choose_core_and_eager("auto", "auto", 20000, costs)[:2] == ("inprocess", False)
+    assert choose_core_and_eager("multiprocess", "auto", 256, costs)[:2] == ("multiprocess", True)
+    core, eager, why = choose_core_and_eager("auto", "auto", 256, None)
+    assert (core, eager) == ("inprocess", True) and "no runtime-startup measurement" in why["rule"]
+
+
+def test_measured_costs_come_from_the_published_runtime_startup_series():
+    from harness.engines.vllm import measured_costs
+    costs = measured_costs()
+    assert costs is not None, "artifacts/runtime-startup/ is part of the published store"
+    c = costs["configs"]
+    assert {("inprocess", True), ("inprocess", False), ("multiprocess", True)} <= set(c)
+    # what the runtime's defaults rest on: in-process eager starts fastest
+    assert c[("inprocess", True)]["startup_s"] < min(c[("multiprocess", True)]["startup_s"],
+                                                     c[("inprocess", False)]["startup_s"])

@@ -62,6 +62,54 @@ def dtype_for_host(isa: dict) -> tuple[str, str]:
     return "float32", "no bf16 compute in the ISA (no avx512_bf16, no amx_bf16)"
 
 
+COST_GRID = "runtime-startup"
+
+
+def measured_costs(root: Path | None = None) -> dict | None:
+    """Start-up and decode cost of each (engine_core, eager) configuration, measured by the newest series of
+    grids/runtime-startup.yaml in the published store: medians over its warm-cache runs."""
+    from harness.paths import PROJECT_ROOT
+    from harness.store import load_path
+    d = (root or PROJECT_ROOT / "artifacts") / COST_GRID
+    arts = [load_path(p) for p in sorted(d.glob("*.json"))] if d.is_dir() else []
+    ok = [a for a in arts if a.status == "ok" and a.kind == "run"]
+    if not ok:
+        return None
+    sha = max(ok, key=lambda a: a.timing.end).grid.sha256
+    by: dict[tuple, list] = {}
+    for a in ok:
+        if a.grid.sha256 == sha and a.execution.compile_cache.get("state") == "warm":
+            req = a.execution.requested
+            by.setdefault((req.get("engine_core", "inprocess"), bool(req.get("eager", True))), []).append(a)
+    configs = {}
+    for (core, eager), runs in by.items():
+        start = statistics.median(r.metrics["startup_s"].samples[0] for r in runs)
+        dec = statistics.median(statistics.median(r.metrics["decode_tok_s"].samples) for r in runs)
+        configs[(core, eager)] = {"startup_s": start, "s_per_token": 1.0 / dec, "runs": len(runs)}
+    return {"grid_sha256": sha, "configs": configs} if configs else None
+
+
+def choose_core_and_eager(engine_core: str, eager: Any, tokens: int, costs: dict | None) -> tuple[str, bool, dict]:
+    """`engine_core: auto` / `eager: auto`: the configuration with the least measured start-up + tokens x
+    seconds per decoded token, among the measured ones that fit what the arm fixed."""
+    fixed_core = None if engine_core == "auto" else engine_core
+    fixed_eager = None if eager == "auto" else bool(eager)
+    if costs is None:
+        core, eg = fixed_core or "inprocess", True if fixed_eager is None else fixed_eager
+        return core, eg, {"rule": f"no {COST_GRID} measurement in the store: the defaults", "tokens_per_process": tokens}
+    cands = {k: v for k, v in costs["configs"].items()
+             if (fixed_core is None or k[0] == fixed_core) and (fixed_eager is None or k[1] == fixed_eager)}
+    if not cands:
+        core, eg = fixed_core or "inprocess", True if fixed_eager is None else fixed_eager
+        return core, eg, {"rule": f"no {COST_GRID} measurement of this combination: the defaults",
+                          "tokens_per_process": tokens}
+    total = {k: v["startup_s"] + tokens * v["s_per_token"] for k, v in cands.items()}
+    (core, eg) = min(total, key=lambda k: (total[k], k))
+    return core, eg, {"rule": "least measured start-up + tokens_per_process x s/token",
+                      "tokens_per_process": tokens, "evidence_grid_sha256": costs["grid_sha256"],
+                      "estimated_s": {f"{k[0]}/{'eager' if k[1] else 'compiled'}": round(t, 2) for k, t in total.items()}}
+
+
 class Vllm(ModelEngine):
     name = "vllm"
     default_form = "hf-fp32"
@@ -84,12 +132,20 @@ class Vllm(ModelEngine):
         if bad:
             raise UserError(f"arms[{ctx.arm.name}].options.{sorted(bad)[0]}", "unknown vllm option",
                             f"known: {', '.join(sorted(KNOWN_OPTIONS))}")
-        if opts.get("engine_core", "inprocess") not in ENGINE_CORES:
+        host_overrides: dict[str, Any] = {}
+        if opts.get("engine_core", "inprocess") not in (*ENGINE_CORES, "auto"):
             raise UserError(f"arms[{ctx.arm.name}].options.engine_core", f"unknown value {opts['engine_core']!r}",
-                            f"known: {', '.join(ENGINE_CORES)}")
+                            f"known: {', '.join(ENGINE_CORES)}, auto")
+        if "auto" in (opts.get("engine_core"), opts.get("eager")):
+            tokens = (ctx.spec.warmups + ctx.spec.repetitions) * int(ctx.params["gen_len"])
+            core, eg, why = choose_core_and_eager(opts.get("engine_core", "inprocess"), opts.get("eager", True), tokens,
+                                                  measured_costs())
+            for k, v in (("engine_core", core), ("eager", eg)):
+                if opts.get(k) == "auto":
+                    host_overrides[k] = {"requested": "auto", "effective": v, **why}
+            opts["engine_core"], opts["eager"] = core, eg
         model_dir = models.form_path(ctx.spec.model, form)
         form_root = models.load_manifest(ctx.spec.model)["forms"][form]["path"]
-        host_overrides: dict[str, Any] = {}
         if opts.get("dtype") == "auto":
             from harness.probe import cpu_info
             chosen, rule = dtype_for_host(cpu_info()["isa"])
