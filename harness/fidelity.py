@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from harness import artifact, models, provenance
 from harness.errors import UserError
 from harness.paths import read_utf8, sha256_file
@@ -94,24 +92,17 @@ def _thresholds(path: str, fld: str, raw: Any) -> dict[str, float]:
 
 
 def load_grid(path: str | Path) -> FidelityGrid:
+    from harness.grid import entries, grid_name, only_fields, read_yaml
     p = Path(path)
-    text = read_utf8(p, "save the grid as UTF-8")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise UserError(str(p), f"invalid YAML: {getattr(e, 'problem', e)}", "fix the YAML syntax") from e
+    doc, sha = read_yaml(p)
     sp = str(path)
     if not isinstance(doc, dict):
         raise _err(sp, "(top level)", "must be a mapping", "see docs/harness.md, fidelity grids")
     if doc.get("kind") != "fidelity":
         raise _err(sp, "kind", f"is {doc.get('kind')!r}, not fidelity", "`harness fidelity` runs grids with kind: fidelity; "
                    "use `harness run` for speed grids")
-    bad = set(doc) - TOP_FIELDS
-    if bad:
-        raise _err(sp, sorted(bad)[0], "unknown field", f"allowed: {', '.join(sorted(TOP_FIELDS))}")
-    name = doc.get("name")
-    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
-        raise _err(sp, "name", f"must be a name of letters, digits, - and _, got {name!r}")
+    only_fields(sp, "", doc, TOP_FIELDS)
+    name = grid_name(sp, doc.get("name"))
     model = doc.get("model")
     if model not in models.MODELS:
         raise _err(sp, "model", f"unknown model {model!r}", f"known: {', '.join(sorted(models.MODELS))}")
@@ -133,17 +124,8 @@ def load_grid(path: str | Path) -> FidelityGrid:
         raise _err(sp, "references", f"must map an engine ({', '.join(ENGINES)}) to its reference form")
     refs.update(raw_refs)
     thresholds = _thresholds(sp, "thresholds", doc["thresholds"])
-    raw_builds = doc["builds"]
-    if not isinstance(raw_builds, list) or not raw_builds:
-        raise _err(sp, "builds", "must be a non-empty list", "each build: {name, engine, form}")
     builds = []
-    for i, b in enumerate(raw_builds):
-        f = f"builds[{i}]"
-        if not isinstance(b, dict):
-            raise _err(sp, f, "must be a mapping")
-        bad = set(b) - BUILD_FIELDS
-        if bad:
-            raise _err(sp, f"{f}.{sorted(bad)[0]}", "unknown field", f"allowed: {', '.join(sorted(BUILD_FIELDS))}")
+    for f, b in entries(sp, "builds", doc["builds"], BUILD_FIELDS, "each build: {name, engine, form}"):
         if b.get("engine") not in ENGINES:
             raise _err(sp, f"{f}.engine", f"unknown engine {b.get('engine')!r}", f"known: {', '.join(ENGINES)}")
         if not isinstance(b.get("name"), str) or not b["name"]:
@@ -176,7 +158,7 @@ def load_grid(path: str | Path) -> FidelityGrid:
     timeout = doc.get("timeout_s", 900)
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise _err(sp, "timeout_s", f"must be a positive number of seconds, got {timeout!r}")
-    return FidelityGrid(path=sp, sha256=hashlib.sha256(text.encode()).hexdigest(), name=name,
+    return FidelityGrid(path=sp, sha256=sha, name=name,
                         description=str(doc.get("description", "")), model=model, prompts_path=prompts_path,
                         gen_len=ints["gen_len"], top_k=ints["top_k"], threads=ints["threads"], seed=ints["seed"],
                         timeout_s=float(timeout), references=refs, builds=tuple(builds), thresholds=thresholds,

@@ -80,7 +80,8 @@ def _int(path: str, fld: str, v: Any, lo: int = 1) -> int:
     return v
 
 
-def load(path: str | Path) -> GridSpec:
+def read_yaml(path: str | Path) -> tuple[Any, str]:
+    """A grid file's document and the sha256 of its bytes (speed and fidelity grids alike)."""
     p = Path(path)
     text = read_utf8(p, "save the grid as UTF-8")
     try:
@@ -89,7 +90,40 @@ def load(path: str | Path) -> GridSpec:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(str(p), f"invalid YAML{where}: {getattr(e, 'problem', e)}", "fix the YAML syntax") from e
-    return from_dict(doc, str(path), hashlib.sha256(text.encode("utf-8")).hexdigest())
+    return doc, hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def only_fields(path: str, prefix: str, mapping: dict, allowed: set[str]) -> None:
+    """Refuse the first unknown field of a mapping, naming the ones allowed."""
+    bad = set(mapping) - allowed
+    if bad:
+        fld = f"{prefix}.{sorted(bad)[0]}" if prefix else sorted(bad)[0]
+        raise _err(path, fld, "unknown field", f"allowed: {', '.join(sorted(allowed))}")
+
+
+def entries(path: str, fld: str, raw: Any, allowed: set[str], hint: str) -> list[tuple[str, dict]]:
+    """A non-empty list of mappings with known fields, as (field path, mapping) pairs."""
+    if not isinstance(raw, list) or not raw:
+        raise _err(path, fld, "must be a non-empty list", hint)
+    out = []
+    for i, item in enumerate(raw):
+        f = f"{fld}[{i}]"
+        if not isinstance(item, dict):
+            raise _err(path, f, "must be a mapping", hint)
+        only_fields(path, f, item, allowed)
+        out.append((f, item))
+    return out
+
+
+def grid_name(path: str, name: Any) -> str:
+    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
+        raise _err(path, "name", f"must be a name of letters, digits, - and _, got {name!r}")
+    return name
+
+
+def load(path: str | Path) -> GridSpec:
+    doc, sha = read_yaml(path)
+    return from_dict(doc, str(path), sha)
 
 
 def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
@@ -100,28 +134,15 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
         raise _err(path, "kind", f"{doc.get('kind')!r} grids are not run by `harness run`",
                    "run a kind: fidelity grid with `harness fidelity`" if doc.get("kind") == "fidelity"
                    else "kind is speed (the default) or fidelity")
-    unknown = set(doc) - TOP_FIELDS
-    if unknown:
-        raise _err(path, sorted(unknown)[0], "unknown field", f"allowed: {', '.join(sorted(TOP_FIELDS))}")
-    name = doc.get("name")
-    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
-        raise _err(path, "name", f"must be a name of letters, digits, - and _, got {name!r}")
+    only_fields(path, "", doc, TOP_FIELDS)
+    name = grid_name(path, doc.get("name"))
     model = doc.get("model", "none")
     from harness.models import MODELS
     if model not in MODELS and model != "none":
         raise _err(path, "model", f"unknown model {model!r}", f"known: {', '.join(sorted(MODELS))}")
 
-    raw_arms = doc.get("arms")
-    if not isinstance(raw_arms, list) or not raw_arms:
-        raise _err(path, "arms", "must be a non-empty list of arms", "each arm: {name, engine, ...}")
     arms = []
-    for i, ra in enumerate(raw_arms):
-        f = f"arms[{i}]"
-        if not isinstance(ra, dict):
-            raise _err(path, f, "must be a mapping")
-        bad = set(ra) - ARM_FIELDS
-        if bad:
-            raise _err(path, f"{f}.{sorted(bad)[0]}", "unknown field", f"allowed: {', '.join(sorted(ARM_FIELDS))}")
+    for f, ra in entries(path, "arms", doc.get("arms"), ARM_FIELDS, "each arm: {name, engine, ...}"):
         if ra.get("engine") not in ENGINES:
             raise _err(path, f"{f}.engine", f"unknown engine {ra.get('engine')!r}", f"known: {', '.join(sorted(ENGINES))}")
         an = ra.get("name", ra["engine"])
