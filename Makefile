@@ -42,13 +42,17 @@ llama.cpp: venv
 models: venv llama.cpp
 	@$(HARNESS) models prepare
 
+# The demo runs the quickstart grid for real on this machine, into its own store (.demo/, not the
+# published artifacts/), renders that run's report, regenerates the published report from
+# artifacts/ and baselines/, and checks the provenance of both stores.
 demo: setup
 	$(HARNESS) probe > /dev/null
 	$(HARNESS) plan grids/quickstart.yaml
-	$(HARNESS) run grids/quickstart.yaml --store artifacts
-	$(HARNESS) check artifacts baselines
+	$(HARNESS) run grids/quickstart.yaml --store .demo/artifacts
+	$(HARNESS) report --store .demo/artifacts --out .demo/results.md
 	$(HARNESS) report --out reports/results.md
-	@echo "[demo] report: reports/results.md"
+	$(HARNESS) check .demo/artifacts artifacts baselines
+	@echo "[demo] this machine's run: .demo/results.md; the published results: reports/results.md"
 
 test: setup
 	$(PY) -m pytest -q tests
