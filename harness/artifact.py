@@ -111,23 +111,31 @@ class Timing(Frozen):
     duration_s: float = Field(ge=0)
 
 
-class RunArtifact(Frozen):
+class Stamped(Frozen):
+    """What every artifact kind carries: version, content id, the harness tree, the host and the timing."""
     schema_version: Literal[1] = SCHEMA_VERSION
-    kind: Literal["run"] = "run"
     id: str = Field(pattern=r"^[0-9a-f]{64}$")
+    harness: HarnessRef
+    host: dict[str, Any]
+    timing: Timing
+
+
+class EngineStamped(Stamped):
+    """What every artifact of an engine process carries besides: the model, the engine and how it ran."""
+    model: ModelRef
+    engine: EngineRef
+    execution: Execution
+
+
+class RunArtifact(EngineStamped):
+    kind: Literal["run"] = "run"
     status: Literal["ok", "failed", "timeout"]
     error: str | None = None
     stderr_tail: str | None = None
     grid: GridRef
-    model: ModelRef
-    engine: EngineRef
-    harness: HarnessRef
-    host: dict[str, Any]
-    execution: Execution
     workload: Workload
     residency: Residency
     metrics: dict[str, Metric]
-    timing: Timing
 
 
 class FidelityGridRef(Frozen):
@@ -182,38 +190,23 @@ class PromptFidelity(Frozen):
                                                "(their probability bounded by the build's smallest returned one)")
 
 
-class ReferenceArtifact(Frozen):
+class ReferenceArtifact(EngineStamped):
     """A reference build's greedy outputs (bf16 by default) over a prompt set: what builds are compared with."""
-    schema_version: Literal[1] = SCHEMA_VERSION
     kind: Literal["reference"] = "reference"
-    id: str = Field(pattern=r"^[0-9a-f]{64}$")
     status: Literal["ok"] = "ok"
     grid: FidelityGridRef
-    model: ModelRef
-    engine: EngineRef
-    harness: HarnessRef
-    host: dict[str, Any]
-    execution: Execution
     prompt_set: PromptSetRef
     decoding: Decoding
     outputs: list[GreedyOutput]
-    timing: Timing
 
 
-class FidelityArtifact(Frozen):
+class FidelityArtifact(EngineStamped):
     """One build's greedy fidelity against its reference, with the thresholds it was gated on."""
-    schema_version: Literal[1] = SCHEMA_VERSION
     kind: Literal["fidelity"] = "fidelity"
-    id: str = Field(pattern=r"^[0-9a-f]{64}$")
     status: Literal["ok", "failed", "timeout"]
     error: str | None = None
     stderr_tail: str | None = None
     grid: FidelityGridRef
-    model: ModelRef
-    engine: EngineRef
-    harness: HarnessRef
-    host: dict[str, Any]
-    execution: Execution
     prompt_set: PromptSetRef
     decoding: Decoding
     reference: dict[str, Any] = Field(description="id, engine, form, model sha256s and engine build of the reference")
@@ -223,7 +216,6 @@ class FidelityArtifact(Frozen):
     thresholds: dict[str, float]
     verdict: Literal["pass", "fail", "not gated", "error"]
     failures: list[str] = Field(default_factory=list, description="each threshold missed, and where prompts diverged")
-    timing: Timing
 
 
 class CalibrationSource(Frozen):
@@ -231,18 +223,13 @@ class CalibrationSource(Frozen):
     path: str = Field(description="the command that measured it")
 
 
-class CalibrationArtifact(Frozen):
+class CalibrationArtifact(Stamped):
     """The machine's ceiling (`harness probe --bandwidth`): read bandwidth and matrix FLOP/s per thread count."""
-    schema_version: Literal[1] = SCHEMA_VERSION
     kind: Literal["calibration"] = "calibration"
-    id: str = Field(pattern=r"^[0-9a-f]{64}$")
     status: Literal["ok"] = "ok"
     grid: CalibrationSource
-    harness: HarnessRef
-    host: dict[str, Any]
     method: dict[str, Any]
     results: list[dict[str, Any]] = Field(description="per thread count: threads, torch_threads, samples by measure")
-    timing: Timing
 
 
 ARTIFACT_TYPES: dict[str, type[BaseModel]] = {"run": RunArtifact, "reference": ReferenceArtifact,

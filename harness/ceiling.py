@@ -13,7 +13,6 @@ machine reached; the samples are all kept).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import subprocess
@@ -66,14 +65,19 @@ def _kernel(threads: int, reps: int) -> dict:
 
 def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "baselines", out=None) -> Path:
     out = out or sys.stderr
-    n = max_threads or len(os.sched_getaffinity(0))
-    host0 = provenance.host_info()
-    start, t0 = dt.datetime.now(dt.timezone.utc), time.time()
+    allowed = sorted(os.sched_getaffinity(0))
+    n = len(allowed) if max_threads is None else max_threads
+    if not 1 <= n <= len(allowed):
+        raise UserError("harness probe --bandwidth", f"--max-threads: {n} is not between 1 and the {len(allowed)} CPU(s) "
+                        "this process may use", f"pass --max-threads 1..{len(allowed)}")
+    if reps < 1:
+        raise UserError("harness probe --bandwidth", f"--repetitions: must be at least 1, got {reps}", "pass 1 or more")
+    span = provenance.Span()
     per_threads = []
     for t in range(1, n + 1):
         cmd = [sys.executable, "-c", f"import json; from harness.ceiling import _kernel; print(json.dumps(_kernel({t}, {reps})))"]
         env = {**os.environ, "OMP_NUM_THREADS": str(t)}
-        cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:t])
+        cpus = ",".join(str(c) for c in allowed[:t])
         r = subprocess.run(["taskset", "-c", cpus, *cmd], capture_output=True, text=True, env=env)
         if r.returncode != 0:
             raise UserError("harness probe --bandwidth", f"kernel at {t} thread(s) exited {r.returncode}: "
@@ -83,17 +87,14 @@ def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "ba
         best = {k: max(v) for k, v in res["samples"].items()}
         print(f"[ceiling] {t} thread(s): read {best['read_bandwidth_gb_s']:.1f} GB/s, fp32 "
               f"{best['matmul_gflop_s_fp32']:.0f} GFLOP/s, bf16 {best['matmul_gflop_s_bf16']:.0f} GFLOP/s", file=out)
-    host = {**host0, "loadavg_before": host0["loadavg"], "loadavg_after": provenance.loadavg_now()}
-    host.pop("loadavg", None)
-    fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
+    host, timing = span.finish()
     doc = {"schema_version": artifact.SCHEMA_VERSION, "kind": "calibration", "status": "ok",
            "grid": {"name": "calibration", "path": f"harness probe --bandwidth --max-threads {n} --repetitions {reps}"},
            "harness": provenance.harness_info(), "host": host,
            "method": {"definitions": DEFINITIONS, "repetitions": reps, "warmups": 1, "process_per_thread_count": True,
                       "affinity": "taskset to the first N allowed CPUs"},
            "results": per_threads,
-           "timing": {"start": start.strftime(fmt), "end": dt.datetime.now(dt.timezone.utc).strftime(fmt),
-                      "duration_s": round(time.time() - t0, 6)}}
+           "timing": timing}
     a = artifact.finalize(doc)
     return Store(Path(store_root)).write(a)
 

@@ -12,7 +12,6 @@ top-k KL. A build below a threshold makes the command exit 1, naming the prompts
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import math
@@ -20,12 +19,12 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import artifact, models, provenance
+from harness.engines.vllm import FORM_DTYPE, Vllm
 from harness.errors import UserError
 from harness.paths import read_utf8, sha256_file
 from harness.store import Store, load_path
@@ -209,24 +208,20 @@ def load_prompts(g: FidelityGrid) -> PromptSet:
 
 # ---- engines ------------------------------------------------------------------------------------------
 
-def _model_block(g: FidelityGrid, b: Build | None, engine: str, form: str | None) -> tuple[dict, Path]:
-    if b is not None and b.path:
-        fp = Path(b.path)
+def _model_block(g: FidelityGrid, form: str | None, path: str | None = None) -> tuple[dict, Path]:
+    """The model block of a build (a zoo form, or a GGUF file given by path) and the path to run."""
+    if path:
+        fp = Path(path)
         if not fp.is_file():
-            raise UserError(b.path, f"builds[{b.name}].path: no such GGUF file", "give an existing file")
+            raise UserError(g.path, f"builds.path: no such GGUF file {fp}", "give an existing file")
         return ({"name": g.model, "form": f"file:{fp.name}", "source": {"file": str(fp)}, "format": "gguf",
                  "dtype": "as stored", "parameters": models.load_manifest(g.model)["parameters"],
                  "files": [{"path": str(fp), "size": fp.stat().st_size, "sha256": sha256_file(fp)}]}, fp)
     assert form is not None
-    m = models.load_manifest(g.model)
-    if form not in m["forms"]:
-        raise UserError(g.path, f"form {form!r} is not a form of {g.model}", f"known: {', '.join(sorted(m['forms']))}")
-    f = m["forms"][form]
-    files = models.form_files(g.model, form)
-    return ({"name": g.model, "form": form, "source": m["source"], "format": f["format"], "dtype": f["dtype"],
-             "parameters": m["parameters"],
-             "files": [{"path": rel, "size": i["size"], "sha256": i["sha256"]} for rel, i in sorted(files.items())]},
-            models.form_path(g.model, form))
+    try:
+        return models.model_block(g.model, form), models.form_path(g.model, form)
+    except UserError as e:
+        raise UserError(g.path, f"form {form!r}: {e.problem}", e.fix) from None
 
 
 def engine_block(engine: str) -> dict:
@@ -238,7 +233,6 @@ def engine_block(engine: str) -> dict:
         build = {**info["build"], "binary": TOOL, "binary_sha256": t["sha256"], "tool_source_sha256": t["source_sha256"]}
         return {"name": "llama.cpp", "version": info["version"], "build_commit": info["build_commit"], "build": build,
                 "patches": [], "overrides": {}}
-    from harness.engines.vllm import Vllm
     info = Vllm().engine_info()
     return {"name": "vllm", "version": info["version"], "build_commit": info["build_commit"], "build": info["build"],
             "patches": [], "overrides": {}}
@@ -355,13 +349,6 @@ def gate(summary: dict, thresholds: dict[str, float], rows: list[dict]) -> list[
 
 # ---- references ---------------------------------------------------------------------------------------
 
-def reference_key(a: Any) -> dict:
-    """What a reference must share with a build to be its reference."""
-    return {"engine": a.engine.name, "build_commit": a.engine.build_commit,
-            "engine_build": a.engine.build, "prompt_set_sha256": a.prompt_set.sha256,
-            "token_ids_sha256": a.prompt_set.token_ids_sha256}
-
-
 def reference_mismatch(ref: Any, fid_ref: dict, prompt_set: dict, engine: dict | None) -> list[str]:
     """Why a reference artifact is not the one a fidelity artifact names (empty: it is)."""
     out = []
@@ -376,10 +363,6 @@ def reference_mismatch(ref: Any, fid_ref: dict, prompt_set: dict, engine: dict |
     return out
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def _execution(res: dict, g: FidelityGrid, engine: str, requested: dict, effective: dict) -> dict:
     return {"threads": g.threads, "cpu_affinity": res["cpus"], "numa_policy": "default (no numa option)",
             "env": {**provenance.relevant_env(), **res["env"]}, "requested": requested, "effective": effective,
@@ -387,18 +370,11 @@ def _execution(res: dict, g: FidelityGrid, engine: str, requested: dict, effecti
             "eager": True if engine == "vllm" else None, "command": [str(c) for c in res["command"]]}
 
 
-def _host(before: dict) -> dict:
-    host = {**before, "loadavg_before": before["loadavg"], "loadavg_after": provenance.loadavg_now()}
-    host.pop("loadavg", None)
-    return host
-
-
 @dataclass
 class FidelityRun:
     written: list[Path]
     failed_builds: list[str]
     errors: list[str]
-    lines: list[str]
 
 
 def _find_reference(refs: Store, g: FidelityGrid, engine: str, form: str, eng: dict, model_files: list,
@@ -416,6 +392,41 @@ def _find_reference(refs: Store, g: FidelityGrid, engine: str, form: str, eng: d
     return None
 
 
+def _new_reference(g: FidelityGrid, engine: str, form: str, mblock: dict, mpath: Path, eng: dict, prompts: PromptSet,
+                   n_ctx: int, workroot: Path, harness: dict) -> Any:
+    """Generate a reference artifact: greedy outputs of the reference build, and the distributions of the
+    teacher-forced pass over its own greedy tokens (the same computation a build is scored with, so that a
+    build identical to the reference scores top-1 1 and KL 0)."""
+    wd = Path(tempfile.mkdtemp(prefix="ref-", dir=workroot))
+    request = {"n_predict": g.gen_len, "top_k": g.top_k, "n_ctx": n_ctx,
+               "prompts": [{"ids": p["ids"], "self_forced": True} for p in prompts.prompts]}
+    span = provenance.Span()
+    dtype = "bfloat16" if engine == "vllm" else None
+    res = generate(g, engine, mpath, dtype, request, wd)
+    if res["status"] != "ok":
+        raise UserError(f"reference {engine} {form}", f"{res['error']}", "fix the engine (see the message) and rerun; "
+                        "no fidelity can be measured without its reference")
+    outs = [{"id": p["id"], "category": p["category"], "prompt_tokens": len(p["ids"]), "ids": r["greedy"]["ids"],
+             "logprobs": r["greedy"]["logprobs"], "top": r["forced"]["top"],
+             "forced_argmax_agreement": sum(a == t for a, t in zip(r["forced"]["argmax"], r["greedy"]["ids"]))
+             / len(r["greedy"]["ids"])}
+            for p, r in zip(prompts.prompts, res["result"]["prompts"])]
+    if engine == "vllm":
+        eng = {**eng, "patches": res["result"]["patches"], "overrides": res["result"]["overrides"]}
+    host, timing = span.finish()
+    return artifact.finalize({
+        "schema_version": artifact.SCHEMA_VERSION, "kind": "reference", "status": "ok",
+        "grid": {"path": g.path, "sha256": g.sha256, "name": g.name, "build": f"reference-{engine}"}, "model": mblock,
+        "engine": eng, "harness": harness, "host": host,
+        "execution": _execution(res, g, engine, {"form": form, "dtype": dtype, "threads": g.threads},
+                                res["result"].get("effective", {"threads": g.threads})),
+        "prompt_set": prompts.ref, "decoding": _decoding(g), "outputs": outs, "timing": timing})
+
+
+def _decoding(g: FidelityGrid) -> dict:
+    return {"gen_len": g.gen_len, "temperature": 0.0, "top_k": g.top_k, "seed": g.seed}
+
+
 def run(grid_path: str, store_root: str = "artifacts", references_root: str = "baselines/quality",
         out=None) -> FidelityRun:
     out = out or sys.stderr
@@ -424,48 +435,20 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
     store, refs = Store(Path(store_root)), Store(Path(references_root))
     workroot = Path(tempfile.mkdtemp(prefix="edge-fidelity-"))
     n_ctx = max(len(p["ids"]) for p in prompts.prompts) + g.gen_len + 8
-    decoding = {"gen_len": g.gen_len, "temperature": 0.0, "top_k": g.top_k, "seed": g.seed}
-    grid_ref = {"path": g.path, "sha256": g.sha256, "name": g.name}
     harness = provenance.harness_info()
     print(f"[fidelity] {g.name}: {len(g.builds)} builds x {len(prompts.prompts)} prompts x {g.gen_len} tokens, "
           f"prompt set {prompts.ref['sha256'][:12]}", file=out)
-    run_ = FidelityRun([], [], [], [])
+    run_ = FidelityRun([], [], [])
     engines = sorted({b.engine for b in g.builds} | {a for _, a in g.cross_engine})
     references: dict[str, Any] = {}
     eng_blocks = {e: engine_block(e) for e in engines}
     for e in engines:
         form = g.references[e]
-        mblock, mpath = _model_block(g, None, e, form)
+        mblock, mpath = _model_block(g, form)
         ref = _find_reference(refs, g, e, form, eng_blocks[e], mblock["files"], prompts, out)
         if ref is None:
             print(f"[fidelity] reference {e} {form}: generating", file=out, flush=True)
-            wd = Path(tempfile.mkdtemp(prefix="ref-", dir=workroot))
-            request = {"n_predict": g.gen_len, "top_k": g.top_k, "n_ctx": n_ctx,
-                       "prompts": [{"ids": p["ids"], "self_forced": True} for p in prompts.prompts]}
-            host0, start, t0 = provenance.host_info(), _now(), time.time()
-            dtype = "bfloat16" if e == "vllm" else None
-            res = generate(g, e, mpath, dtype, request, wd)
-            if res["status"] != "ok":
-                raise UserError(f"reference {e} {form}", f"{res['error']}", "fix the engine (see the message) and rerun; "
-                                "no fidelity can be measured without its reference")
-            # The reference's distributions come from the teacher-forced pass over its own greedy tokens, the
-            # same computation a build is scored with: a build identical to the reference scores top-1 1, KL 0.
-            outs = [{"id": p["id"], "category": p["category"], "prompt_tokens": len(p["ids"]), "ids": r["greedy"]["ids"],
-                     "logprobs": r["greedy"]["logprobs"], "top": r["forced"]["top"],
-                     "forced_argmax_agreement": sum(a == t for a, t in zip(r["forced"]["argmax"], r["greedy"]["ids"]))
-                     / len(r["greedy"]["ids"])}
-                    for p, r in zip(prompts.prompts, res["result"]["prompts"])]
-            eng = {**eng_blocks[e]}
-            if e == "vllm":
-                eng |= {"patches": res["result"]["patches"], "overrides": res["result"]["overrides"]}
-            doc = {"schema_version": artifact.SCHEMA_VERSION, "kind": "reference", "status": "ok",
-                   "grid": {**grid_ref, "build": f"reference-{e}"}, "model": mblock, "engine": eng, "harness": harness,
-                   "host": _host(host0),
-                   "execution": _execution(res, g, e, {"form": form, "dtype": dtype, "threads": g.threads},
-                                           res["result"].get("effective", {"threads": g.threads})),
-                   "prompt_set": prompts.ref, "decoding": decoding, "outputs": outs,
-                   "timing": {"start": start, "end": _now(), "duration_s": round(time.time() - t0, 6)}}
-            ref = artifact.finalize(doc)
+            ref = _new_reference(g, e, form, mblock, mpath, eng_blocks[e], prompts, n_ctx, workroot, harness)
             path = refs.write(ref)
             run_.written.append(path)
             print(f"[fidelity] reference {e} {form}: {path}", file=out)
@@ -477,16 +460,15 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
                                                        for n, a in g.cross_engine]
     for b, against, cross in jobs:
         ref = references[against]
-        mblock, mpath = _model_block(g, b, b.engine, b.form)
-        dtype = b.options.get("dtype") or ({"hf-fp32": "float32", "hf-bf16": "bfloat16"}.get(b.form or "")
-                                           if b.engine == "vllm" else None)
+        mblock, mpath = _model_block(g, b.form, b.path)
+        dtype = b.options.get("dtype") or (FORM_DTYPE.get(b.form or "") if b.engine == "vllm" else None)
         request = {"n_predict": g.gen_len, "top_k": g.top_k, "n_ctx": n_ctx,
                    "prompts": [{"ids": p["ids"], "forced": o.ids, "candidates": [[t[0] for t in pos] for pos in o.top]}
                                for p, o in zip(prompts.prompts, ref.outputs)]}
         label = f"{b.name}{' vs ' + against + ' reference' if cross else ''}"
         print(f"[fidelity] {label}: generating", file=out, flush=True)
         wd = Path(tempfile.mkdtemp(prefix="build-", dir=workroot))
-        host0, start, t0 = provenance.host_info(), _now(), time.time()
+        span = provenance.Span()
         res = generate(g, b.engine, mpath, dtype, request, wd)
         eng = {**eng_blocks[b.engine]}
         ref_block = {"id": ref.id, "engine": ref.engine.name, "form": ref.model.form,
@@ -494,8 +476,9 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
                      "engine_build": {"build_commit": ref.engine.build_commit, "build": ref.engine.build},
                      "prompt_set_sha256": ref.prompt_set.sha256}
         doc: dict[str, Any] = {
-            "schema_version": artifact.SCHEMA_VERSION, "kind": "fidelity", "grid": {**grid_ref, "build": b.name},
-            "model": mblock, "harness": harness, "prompt_set": prompts.ref, "decoding": decoding,
+            "schema_version": artifact.SCHEMA_VERSION, "kind": "fidelity",
+            "grid": {"path": g.path, "sha256": g.sha256, "name": g.name, "build": b.name},
+            "model": mblock, "harness": harness, "prompt_set": prompts.ref, "decoding": _decoding(g),
             "reference": ref_block, "cross_engine": cross, "thresholds": {} if cross else b.thresholds}
         if res["status"] != "ok":
             doc |= {"status": res["status"], "error": res["error"], "stderr_tail": res.get("stderr"), "engine": eng,
@@ -505,11 +488,6 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
             result = res["result"]
             if b.engine == "vllm":
                 eng |= {"patches": result["patches"], "overrides": result["overrides"]}
-            if not cross:
-                why = reference_mismatch(ref, ref_block, prompts.ref, eng)
-                if why:
-                    raise UserError(f"reference {ref.id[:12]}", f"not usable for {b.name}: {', '.join(why)}",
-                                    "rerun `harness fidelity` to generate a matching reference")
             rows = compare([o.model_dump() for o in ref.outputs], result["prompts"])
             summary = summarize(rows, g.gen_len)
             fails = [] if cross else gate(summary, b.thresholds, rows)
@@ -517,10 +495,9 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
             doc |= {"status": "ok", "engine": eng, "prompts": rows, "summary": summary, "verdict": verdict,
                     "failures": fails}
             effective = result.get("effective", {"threads": g.threads})
-        doc["host"] = _host(host0)
+        doc["host"], doc["timing"] = span.finish()
         doc["execution"] = _execution(res, g, b.engine, {"form": mblock["form"], "dtype": dtype, "threads": g.threads,
                                                "gen_len": g.gen_len, "top_k": g.top_k}, effective)
-        doc["timing"] = {"start": start, "end": _now(), "duration_s": round(time.time() - t0, 6)}
         a = artifact.finalize(doc)
         path = store.write(a)
         run_.written.append(path)
@@ -535,6 +512,5 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
             if a.verdict == "fail":
                 run_.failed_builds.append(b.name)
                 line += "\n    " + "\n    ".join(a.failures)
-        run_.lines.append(line)
         print(f"[fidelity] {line}", file=out, flush=True)
     return run_

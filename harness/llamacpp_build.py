@@ -16,6 +16,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from functools import lru_cache
 from pathlib import Path
 
 from harness.errors import UserError
@@ -262,12 +263,17 @@ def tool(name: str) -> Path:
     """A project tool (harness/native/NAME.cpp) linked against the pinned build's static libraries.
 
     Cached beside the build, keyed by the tool's source sha256: editing the tool recompiles only it.
+    Verified (or compiled) once per process.
     """
+    return _tool(name, str(build_dir()), sha256_file(NATIVE_DIR / f"{name}.cpp"))
+
+
+@lru_cache(maxsize=None)
+def _tool(name: str, _build_dir: str, digest: str) -> Path:
     src = NATIVE_DIR / f"{name}.cpp"
     manifest = load_manifest()
     if "static_libs" not in manifest:
         raise UserError(str(manifest_path()), "static_libs: this build kept no libraries", "run `make llama.cpp REBUILD=1`")
-    digest = sha256_file(src)
     out_dir = build_dir() / "tools" / digest[:16]
     exe = out_dir / name
     meta = out_dir / "tool.json"
@@ -304,8 +310,8 @@ def tool(name: str) -> Path:
 
 
 def tool_info(name: str) -> dict:
-    tool(name)
-    return json.loads((build_dir() / "tools" / sha256_file(NATIVE_DIR / f"{name}.cpp")[:16] / "tool.json").read_text())
+    """The tool's record: source and binary sha256, the compile command and its duration."""
+    return json.loads((tool(name).parent / "tool.json").read_text())
 
 
 def _read_cmake_cache(path: Path) -> dict[str, str]:

@@ -340,6 +340,19 @@ def form_files(name: str, form: str) -> dict[str, dict]:
     return {rel: info for rel, info in manifest["files"].items() if rel == prefix or rel.startswith(prefix + "/")}
 
 
+def model_block(name: str, form: str) -> dict:
+    """The `model` provenance block of an artifact: name, form, source, format, dtype, parameters and
+    every file of the form with its size and sha256 (from the manifest)."""
+    m = load_manifest(name)
+    if form not in m["forms"]:
+        raise UserError(f"model {name}", f"form {form!r} is not a form of it", f"known: {', '.join(sorted(m['forms']))}")
+    f = m["forms"][form]
+    files = form_files(name, form)
+    return {"name": name, "form": form, "source": m["source"], "format": f["format"], "dtype": f["dtype"],
+            "parameters": m["parameters"],
+            "files": [{"path": rel, "size": i["size"], "sha256": i["sha256"]} for rel, i in sorted(files.items())]}
+
+
 def listing(names: list[str] | None = None) -> list[dict]:
     rows = []
     for name in names or sorted(MODELS):

@@ -5,8 +5,10 @@ Never typed by a user. Engine-specific parts (build, effective config) come from
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -99,3 +101,26 @@ def other_load(before: dict, after: dict, duration_s: float) -> dict:
     return {"status": "ok", "other_cores": round(max(0.0, machine - own) / duration_s, 3),
             "machine_busy_s": round(machine, 3), "harness_and_engine_s": round(own, 3),
             "definition": "(machine busy CPU seconds - CPU seconds of the harness and its finished children) / run wall time"}
+
+
+def now_utc() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Span:
+    """Provenance around one measured span: the host before and after it, the CPU other processes used
+    during it, and its UTC timing. Every artifact kind records its host and timing through one of these."""
+
+    def __init__(self) -> None:
+        self.host_before = host_info()
+        self.cpu0 = cpu_accounting()
+        self.start, self.t0 = now_utc(), time.time()
+
+    def finish(self) -> tuple[dict, dict]:
+        """(host block, timing block)."""
+        end, dur = now_utc(), time.time() - self.t0
+        other = other_load(self.cpu0, cpu_accounting(), dur)
+        host = {**self.host_before, "loadavg_before": self.host_before["loadavg"], "loadavg_after": loadavg_now(),
+                "other_load_during_run": other}
+        host.pop("loadavg", None)
+        return host, {"start": self.start, "end": end, "duration_s": round(dur, 6)}

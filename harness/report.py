@@ -183,22 +183,23 @@ def collect(store_dirs: list[str]) -> tuple[dict[str, list[RunArtifact]], dict[s
 CEILING_GRIDS = ("llamacpp-baseline", "vllm-vs-llamacpp", "decode-threads")
 
 
-def ceiling_section(calibrations: list, runs: dict[str, list[RunArtifact]]) -> dict | None:
+def ceiling_section(calibrations: list, newest: dict[str, list[RunArtifact]]) -> dict | None:
     """Decode as weight bytes per second against the measured read bandwidth, prefill as FLOP/s against
     the measured matmul peak, both at the run's thread count (newest calibration, newest series)."""
     if not calibrations:
         return None
     from harness.ceiling import best_by_threads
+    from harness.models import MATMUL_PARAMETERS
     cal = max(calibrations, key=lambda c: c.timing.end)
     best = best_by_threads(cal)
     cal_rows = [{"threads": t, "bw": f"{b['read_bandwidth_gb_s']:.1f}", "fp32": f"{b['matmul_gflop_s_fp32']:.0f}",
                  "bf16": f"{b['matmul_gflop_s_bf16']:.0f}"} for t, b in sorted(best.items())]
     rows = []
     for name in CEILING_GRIDS:
-        if name not in runs:
+        if name not in newest:
             continue
         groups: dict[tuple, list[RunArtifact]] = defaultdict(list)
-        for a in _series(runs[name]):
+        for a in newest[name]:
             if a.status == "ok" and "decode_tok_s" in a.metrics and a.model.files:
                 groups[(a.grid.cell, a.grid.arm)].append(a)
         for (cell, arm), arts in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
@@ -213,7 +214,6 @@ def ceiling_section(calibrations: list, runs: dict[str, list[RunArtifact]]) -> d
             bf16 = "bf16" in a0.model.dtype or "bfloat16" in a0.model.dtype
             quant = a0.model.dtype.lower().startswith("q")
             peak = best[t]["matmul_gflop_s_bf16" if bf16 else "matmul_gflop_s_fp32"]
-            from harness.models import MATMUL_PARAMETERS
             gflops = 2 * MATMUL_PARAMETERS.get(a0.model.name, a0.model.parameters) * pre / 1e9
             rows.append({"grid": name, "cell": cell.replace("batch=1,", ""), "arm": arm, "engine": a0.engine.name,
                          "form": a0.model.form, "threads": t, "mib": f"{wbytes / 2**20:.0f}", "decode": _fmt(dec),
@@ -227,12 +227,12 @@ def ceiling_section(calibrations: list, runs: dict[str, list[RunArtifact]]) -> d
             "dirty": cal.harness.dirty, "host": f"{cal.host['cpu']['model']}, {cal.host['cpu']['logical_cores']} logical cores"}
 
 
-def _speed_of(runs: dict[str, list[RunArtifact]], engine: str, form: str, threads: int) -> dict[str, str]:
+def _speed_of(newest: dict[str, list[RunArtifact]], engine: str, form: str, threads: int) -> dict[str, str]:
     """A build's measured speed, from the newest series of the speed grids: the first of CEILING_GRIDS that
     ran this engine, model form and thread count (then any other grid), its cell with the shortest prompt."""
     groups: dict[tuple, list[RunArtifact]] = defaultdict(list)
-    for name, arts in runs.items():
-        for a in _series(arts):
+    for name, arts in newest.items():
+        for a in arts:
             if (a.status == "ok" and a.engine.name == engine and a.model.form == form and a.execution.threads == threads
                     and "decode_tok_s" in a.metrics):
                 groups[(name, a.grid.cell)].append(a)
@@ -251,17 +251,17 @@ def _speed_of(runs: dict[str, list[RunArtifact]], engine: str, form: str, thread
     return out
 
 
-def fidelity_section(name: str, all_arts: list, runs: dict[str, list[RunArtifact]]) -> dict:
+def fidelity_section(name: str, all_arts: list, newest: dict[str, list[RunArtifact]]) -> dict:
     """The newest result of each build (and cross-engine pair) of a fidelity grid, beside its speed."""
     latest = max(all_arts, key=lambda a: a.timing.end)
     arts = [a for a in all_arts if a.grid.sha256 == latest.grid.sha256]
-    newest: dict[tuple, Any] = {}
+    by_build: dict[tuple, Any] = {}
     for a in sorted(arts, key=lambda a: a.timing.end):
-        newest[(a.grid.build, a.cross_engine)] = a
+        by_build[(a.grid.build, a.cross_engine)] = a
     rows = []
-    for (build, cross), a in sorted(newest.items(), key=lambda kv: (kv[0][1], kv[1].engine.name, kv[0][0])):
+    for (build, cross), a in sorted(by_build.items(), key=lambda kv: (kv[0][1], kv[1].engine.name, kv[0][0])):
         s = a.summary
-        speed = _speed_of(runs, a.engine.name, a.model.form, a.execution.threads)
+        speed = _speed_of(newest, a.engine.name, a.model.form, a.execution.threads)
 
         def f(key: str, digits: str = ".3f") -> str:
             v = s.get(key)
@@ -317,8 +317,9 @@ def build(store_dirs: list[str] | None = None, template: str = "results.md.j2") 
                 raise UserError(str(d), "--store: no such store directory", "pass the folder that holds <grid>/<id>.json")
     store_dirs = store_dirs or ["artifacts", "baselines"]
     grids, fidelity, calibrations = collect([d for d in store_dirs if Path(d).exists()])
-    fsections = [fidelity_section(name, arts, grids) for name, arts in fidelity.items()]
-    ceiling = ceiling_section(calibrations, grids)
+    newest = {name: _series(arts) for name, arts in grids.items()}  # each speed grid's newest series, once
+    fsections = [fidelity_section(name, arts, newest) for name, arts in fidelity.items()]
+    ceiling = ceiling_section(calibrations, newest)
     sections = []
     for name, arts in grids.items():
         sec = grid_section(name, arts)

@@ -6,7 +6,6 @@ with their error, and a grid whose file changed since its runs began is not mixe
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
 import tempfile
 import time
@@ -33,10 +32,6 @@ class RunSummary:
     paths: list[Path]
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def existing(store: Store, spec: grid.GridSpec, new_series: bool = False) -> dict[str, list]:
     """Artifacts already stored for this grid file (same sha256), by run key. Artifacts of another
     version of the grid file, and none of this one, mean the file changed: refused unless new_series."""
@@ -60,14 +55,9 @@ def _model_block(spec: grid.GridSpec, form: str) -> tuple[dict, dict[str, Path]]
         return {"name": spec.model, "form": "none", "source": {"none": "command engine"}, "format": "none",
                 "dtype": "none", "parameters": 1, "files": []}, {}
     root = models.ensure(spec.model)
-    m = models.load_manifest(spec.model)
-    f = m["forms"][form]
-    files = models.form_files(spec.model, form)
-    weights = {rel: root / rel for rel in files if rel.endswith((".gguf", ".safetensors"))}
-    return ({"name": spec.model, "form": form, "source": m["source"], "format": f["format"], "dtype": f["dtype"],
-             "parameters": m["parameters"],
-             "files": [{"path": rel, "size": i["size"], "sha256": i["sha256"]} for rel, i in sorted(files.items())]},
-            weights)
+    block = models.model_block(spec.model, form)
+    weights = {f["path"]: root / f["path"] for f in block["files"] if f["path"].endswith((".gguf", ".safetensors"))}
+    return block, weights
 
 
 def _threads(spec: grid.GridSpec, arm: grid.Arm, params: dict) -> int:
@@ -82,10 +72,8 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path) -> dict:
     model_block, weights = _model_block(spec, form)
     threads = _threads(spec, arm, run.cell.params)
     cpus = arm.cpus or list(range(threads))
-    host_before = provenance.host_info()
     before = files_residency(weights)
-    cpu0 = provenance.cpu_accounting()
-    start, t0 = _now(), time.time()
+    span = provenance.Span()
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{run.run_key}-", dir=workroot))
     ctx = RunContext(spec=spec, run=run, arm=arm, threads=threads, cpus=cpus, workdir=workdir, timeout_s=spec.timeout_s)
     try:
@@ -95,13 +83,8 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path) -> dict:
     except Exception as e:  # a harness-side crash in one run is stored, the grid goes on
         from harness.engines.base import failed
         res = failed("failed", f"{type(e).__name__}: {e}", [], {})
-    end, dur = _now(), time.time() - t0
-    other = provenance.other_load(cpu0, provenance.cpu_accounting(), dur)
+    host, timing = span.finish()
     after = files_residency(weights)
-    load_after = provenance.loadavg_now()
-    host = {**host_before, "loadavg_before": host_before["loadavg"], "loadavg_after": load_after,
-            "other_load_during_run": other}
-    host.pop("loadavg", None)
     page_cache = "none" if not before else (
         "warm" if all(v["resident_bytes"] >= 0.99 * v["total_bytes"] for v in before.values()) else
         "cold" if all(v["resident_bytes"] == 0 for v in before.values()) else "partial")
@@ -130,7 +113,7 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path) -> dict:
         "residency": {"before": before, "after_load": res.after_load, "after_run": after,
                       "peak_memory": res.peak_memory, "page_cache": page_cache},
         "metrics": res.metrics,
-        "timing": {"start": start, "end": end, "duration_s": round(dur, 6)},
+        "timing": timing,
     }
     return doc
 

@@ -33,3 +33,12 @@ def test_missing_sources_say_unknown(tmp_path):
     assert probe.cpu_info("") == {"model": "unknown", "flags": "unknown", "isa": {}}
     assert probe.numa_nodes(str(tmp_path / "nope")) == "unknown"
     assert probe.meminfo("")["total_bytes"] == "unknown"
+
+
+def test_bandwidth_probe_refuses_bad_counts_and_writes_nothing(cli, tmp_path):
+    import os
+    n = len(os.sched_getaffinity(0))
+    for args in (["--max-threads", str(n + 1)], ["--max-threads", "0"], ["--repetitions", "0"]):
+        rc, _, err = cli("probe", "--bandwidth", *args, "--store", tmp_path / "s")
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and args[0] in err
+    assert not (tmp_path / "s").exists()
