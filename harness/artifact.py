@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Frozen(BaseModel):
@@ -70,8 +70,8 @@ class EngineRef(Frozen):
 
 class HarnessRef(Frozen):
     version: str
-    commit: str
-    dirty: bool
+    commit: str = Field(description="git commit of the harness tree, or 'unknown (not a git checkout)'")
+    dirty: bool | None = Field(description="uncommitted changes to code or grids; null when unknown (no git)")
     dirty_files: list[str] = Field(default_factory=list)
 
 
@@ -111,12 +111,36 @@ class Timing(Frozen):
     duration_s: float = Field(ge=0)
 
 
+class HostIdentity(Frozen):
+    status: str = Field(description="recorded, unreadable, or 'legacy: identity not recorded' (migrated records)")
+    source: str = Field(description="where the identity was read (/etc/machine-id, DMI product uuid)")
+    sha256: str = Field(description="sha256 of the identity, salted; the raw value is never recorded")
+
+
+class Host(BaseModel):
+    """The measuring machine: its key and identity are typed; the rest of the probe's profile (cpu, memory,
+    numa, cgroup, kernel, load) is kept as recorded."""
+    model_config = ConfigDict(frozen=True, extra="allow")
+    key: str = Field(pattern=r"^[0-9a-f]{12}$", description="sha256 prefix of what changes results: machine "
+                     "identity, CPU identity and flags, cores, memory size, emulated class (probe.key_inputs)")
+    identity: HostIdentity
+    emulation: str | None = Field(None, description="the hardware class emulated by the run; null when native")
+    cpu: dict[str, Any]
+    memory: dict[str, Any]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+
 class Stamped(Frozen):
     """What every artifact kind carries: version, content id, the harness tree, the host and the timing."""
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     id: str = Field(pattern=r"^[0-9a-f]{64}$")
     harness: HarnessRef
-    host: dict[str, Any]
+    host: Host
     timing: Timing
 
 
@@ -235,8 +259,27 @@ class CalibrationArtifact(Stamped):
 ARTIFACT_TYPES: dict[str, type[BaseModel]] = {"run": RunArtifact, "reference": ReferenceArtifact,
                                               "fidelity": FidelityArtifact, "calibration": CalibrationArtifact}
 
+LEGACY_IDENTITY = {"status": "legacy: identity not recorded", "source": "unknown", "sha256": "unknown"}
+
+
+def update_to_2(doc: dict) -> dict:
+    """Version 1 recorded no machine identity and no host key: mark the identity as not recorded and derive
+    the key from what was recorded (CPU model, ISA features, cores, memory size). Nothing is invented."""
+    from harness.probe import host_key, isa_tier
+    doc = dict(doc)
+    host = dict(doc.get("host") or {})
+    cpu = dict(host.get("cpu") or {})
+    if isinstance(cpu.get("isa"), dict):
+        cpu["isa_tier"] = isa_tier(cpu["isa"])
+    host.update(cpu=cpu, identity=dict(LEGACY_IDENTITY), emulation=None)
+    host["key"] = host_key(host)
+    doc["host"] = host
+    doc["schema_version"] = 2
+    return doc
+
+
 # Migrations: MIGRATIONS[n] turns a version-n document into version n+1.
-MIGRATIONS: dict[int, Any] = {}
+MIGRATIONS: dict[int, Any] = {1: update_to_2}
 
 
 def canonical(doc: dict) -> bytes:

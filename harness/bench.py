@@ -24,7 +24,8 @@ def make_store(root: Path, n: int, source: Path) -> Path:
     if not srcs:
         raise SystemExit(f"{source}: no artifacts to copy; run `make demo` first")
     st = Store(root)
-    docs = [load_path(p).model_dump(mode="json") for p in srcs]
+    # run artifacts only: a fidelity or calibration artifact has no pass to vary
+    docs = [d for d in (load_path(p).model_dump(mode="json") for p in srcs) if d["kind"] == "run"]
     for i in range(n):
         d = dict(docs[i % len(docs)])
         g = dict(d["grid"])

@@ -11,7 +11,8 @@ from typing import Any, Iterable
 
 from pydantic import ValidationError
 
-from harness.artifact import compute_id, parse
+from harness.artifact import compute_id, migrate, parse
+from harness.probe import host_key
 from harness.errors import UserError
 
 # Dotted paths that every artifact must carry, non-empty.
@@ -20,7 +21,8 @@ COMMON = (
     "model.name", "model.form", "model.source", "model.format", "model.dtype",
     "engine.name", "engine.version", "engine.build_commit", "engine.build",
     "harness.version", "harness.commit",
-    "host.cpu.model", "host.cpu.isa", "host.cpu.logical_cores", "host.cpu.physical_cores", "host.numa",
+    "host.key", "host.identity.status", "host.identity.sha256",
+    "host.cpu.model", "host.cpu.isa", "host.cpu.isa_tier", "host.cpu.logical_cores", "host.cpu.physical_cores", "host.numa",
     "host.memory.total_bytes", "host.memory.available_bytes", "host.cgroup", "host.kernel", "host.governor",
     "host.loadavg_before", "host.loadavg_after",
     "execution.threads", "execution.cpu_affinity", "execution.numa_policy", "execution.env",
@@ -44,6 +46,10 @@ REQUIRED = {
                      "timing.start", "timing.end") + HOST, ()),
 }
 REQUIRED_MODEL = ("model.files", "residency.before", "residency.after_run")
+# What a host record carries besides, unless it is a migrated legacy record (identity not recorded).
+HOST_IDENTITY = ("host.identity.source", "host.cpu.vendor", "host.cpu.family", "host.cpu.model_number",
+                 "host.cpu.stepping", "host.cpu.microcode", "host.cpu.flags", "host.cpu.flags_sha256", "host.cpu.sockets",
+                 "host.cpu.caches", "host.memory.total_bytes")
 
 
 def _get(doc: Any, dotted: str) -> Any:
@@ -64,8 +70,8 @@ def _sha_cache() -> Any:
     return HashCache.default()
 
 
-def check_doc(doc: Any, where: str, verify_models: bool = True) -> list[str]:
-    """Problems with one parsed JSON document."""
+def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_commit: bool = False) -> list[str]:
+    """Problems with one parsed JSON document (field checks on its migrated form)."""
     problems = []
     if not isinstance(doc, dict):
         return [f"{where}: (top level): not a JSON object"]
@@ -76,6 +82,7 @@ def check_doc(doc: Any, where: str, verify_models: bool = True) -> list[str]:
         problems.append(f"{where}: id: content is not canonical JSON ({e})")
     try:
         a = parse(doc, where)
+        doc = migrate(dict(doc), where)
     except UserError as e:
         return problems + [f"{where}: {e.problem}"]
     except ValidationError as e:
@@ -86,6 +93,8 @@ def check_doc(doc: Any, where: str, verify_models: bool = True) -> list[str]:
         problems.append(f"{where}: id: file name is not <id>.json")
     always, when_ok = REQUIRED[a.kind]
     needed = list(always)
+    if not a.host.identity.status.startswith("legacy"):
+        needed += HOST_IDENTITY
     if a.status == "ok":
         needed += when_ok
     else:
@@ -98,7 +107,15 @@ def check_doc(doc: Any, where: str, verify_models: bool = True) -> list[str]:
             problems.append(f"{where}: {f}: missing")
         elif _empty(v):
             problems.append(f"{where}: {f}: empty")
-    if a.harness.dirty:
+    if host_key(doc["host"]) != a.host.key:
+        problems.append(f"{where}: host.key: {a.host.key} does not match the host block (it hashes to "
+                        f"{host_key(doc['host'])})")
+    if a.harness.commit.startswith("unknown") or a.harness.dirty is None:
+        if not allow_unknown_commit:
+            problems.append(f"{where}: harness.commit: {a.harness.commit!r}, tree state "
+                            f"{'unknown' if a.harness.dirty is None else 'known'}: published artifacts come from a "
+                            "clean git checkout (pass --allow-unknown-commit to accept an install without git)")
+    elif a.harness.dirty:
         problems.append(f"{where}: harness.dirty: written by a dirty tree ({', '.join(a.harness.dirty_files[:3])}); "
                         "published artifacts come from clean trees")
     if a.kind == "fidelity" and a.status == "ok" and not a.cross_engine and not a.thresholds:
@@ -150,7 +167,7 @@ def iter_artifact_paths(paths: Iterable[str]) -> tuple[list[Path], list[str]]:
     return files, problems
 
 
-def check(paths: Iterable[str], verify_models: bool = True) -> tuple[int, list[str]]:
+def check(paths: Iterable[str], verify_models: bool = True, allow_unknown_commit: bool = False) -> tuple[int, list[str]]:
     """(number of artifacts checked, problems)."""
     files, problems = iter_artifact_paths(paths)
     seen: dict[str, Path] = {}
@@ -174,7 +191,7 @@ def check(paths: Iterable[str], verify_models: bool = True) -> tuple[int, list[s
         except ValueError as e:
             problems.append(f"{where}: (file): invalid JSON ({e.msg} at line {e.lineno}); truncated?")
             continue
-        problems += check_doc(doc, where, verify_models)
+        problems += check_doc(doc, where, verify_models, allow_unknown_commit)
         if isinstance(doc, dict) and doc.get("kind") == "fidelity" and isinstance(doc.get("reference"), dict):
             fidelity_refs.append((where, doc))
         if isinstance(doc, dict) and doc.get("kind") == "reference" and isinstance(doc.get("id"), str):

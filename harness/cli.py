@@ -78,7 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from harness import check
-    n, problems = check.check(args.paths, verify_models=not args.no_model_hashes)
+    n, problems = check.check(args.paths, verify_models=not args.no_model_hashes,
+                              allow_unknown_commit=args.allow_unknown_commit)
     for p in problems:
         print(p)
     if problems:
@@ -91,19 +92,37 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
     from harness import report
-    text, sections = report.build(args.store)
+    text, sections, ctx = report.build_all(args.store)
+    readme = report.readme_text(args.readme, ctx) if args.readme else None
     if args.check:
-        diff = report.check_file(args.out, text)
-        if diff:
-            print(f"{args.out}: stale: differs from what the store regenerates; run `harness report --out {args.out}`")
-            print("\n".join(diff))
-            return 1
-        print(f"{args.out}: up to date")
-        return 0
+        stale = 0
+        for path, want, fix in ((args.out, text, f"harness report --out {args.out}"),
+                                *([(args.readme, readme, f"harness report --readme {args.readme}")] if readme else [])):
+            diff = report.check_file(path, want)
+            if diff:
+                stale += 1
+                print(f"{path}: stale: differs from what the store regenerates; run `{fix}`")
+                print("\n".join(diff))
+            else:
+                print(f"{path}: up to date")
+        return 1 if stale else 0
     with open(args.out, "w") as f:
         f.write(text)
     pngs = report.write_plots(sections, Path(args.out).parent)
     print(f"wrote {args.out}" + (f" and {len(pngs)} plot(s)" if pngs else ""))
+    if readme is not None:
+        Path(args.readme).write_text(readme)
+        print(f"wrote the published block of {args.readme}")
+    return 0
+
+
+def cmd_hosts(args: argparse.Namespace) -> int:
+    from harness import report
+    rows = report.hosts(args.store)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(report.format_hosts(rows))
     return 0
 
 
@@ -188,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("check", help="validate artifacts: schema, provenance, id")
     sc.add_argument("paths", nargs="+")
     sc.add_argument("--no-model-hashes", action="store_true", help="skip comparing model sha256 with local files")
+    sc.add_argument("--allow-unknown-commit", action="store_true",
+                    help="accept artifacts written outside a git checkout (harness commit unknown)")
     sc.set_defaults(func=cmd_check)
 
     si = sub.add_parser("index", help="build the parquet index of a store (rebuilt when stale)")
@@ -202,6 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--store", action="append", default=None)
     sr.add_argument("--out", default="reports/results.md")
     sr.add_argument("--check", action="store_true", help="exit 1 when the file on disk differs")
+    sr.add_argument("--readme", default=None, metavar="FILE",
+                    help="also render the published-results block of FILE (between its markers) from the store")
+
+    sh = sub.add_parser("hosts", help="the machines (host keys) that measured a store")
+    sh.add_argument("--store", action="append", default=None, help="store directory (repeatable; default: "
+                    "artifacts and baselines)")
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=cmd_hosts)
     sr.set_defaults(func=cmd_report)
     return p
 

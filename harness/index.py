@@ -20,7 +20,7 @@ INDEX_NAME = ".index.parquet"
 FINGERPRINT_KEY = b"edge_harness_fingerprint"
 
 SCHEMA = pa.schema([
-    ("id", pa.string()), ("path", pa.string()), ("grid", pa.string()), ("grid_sha256", pa.string()),
+    ("id", pa.string()), ("path", pa.string()), ("grid", pa.string()), ("grid_sha256", pa.string()), ("host_key", pa.string()),
     ("cell", pa.string()), ("arm", pa.string()), ("pass_index", pa.int32()), ("position", pa.int32()),
     ("order", pa.string()), ("status", pa.string()), ("engine", pa.string()), ("engine_version", pa.string()),
     ("build_commit", pa.string()), ("model", pa.string()), ("form", pa.string()), ("dtype", pa.string()),
@@ -61,7 +61,7 @@ def build(root: str | Path) -> Path:
             continue
         w = a.workload
         lb = a.host.get("loadavg_before")
-        base = {"id": a.id, "path": str(p.relative_to(root)), "grid": a.grid.name, "grid_sha256": a.grid.sha256,
+        base = {"id": a.id, "path": str(p.relative_to(root)), "grid": a.grid.name, "grid_sha256": a.grid.sha256, "host_key": a.host.key,
                 "cell": a.grid.cell, "arm": a.grid.arm, "pass_index": a.grid.pass_index, "position": a.grid.position,
                 "order": a.grid.order, "status": a.status, "engine": a.engine.name, "engine_version": a.engine.version,
                 "build_commit": a.engine.build_commit, "model": a.model.name, "form": a.model.form,

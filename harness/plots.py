@@ -32,9 +32,9 @@ def ratio_chart(section: dict, out_dir: Path) -> str:
     ax.set_yticks(ys, [label for label, _, _ in items], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(f"ratio to baseline arm '{section['baseline']}' (median of per-pass ratios, 95% bootstrap CI)")
-    ax.set_title(section["name"], fontsize=9)
+    ax.set_title(f"{section['name']} (host {section['host_key']})", fontsize=9)
     fig.tight_layout()
-    name = f"{section['name']}-ratios.png"
+    name = f"{section['slug']}-ratios.png"
     fig.savefig(out_dir / name, dpi=100, metadata=PNG_META)
     plt.close(fig)
     return name
@@ -56,9 +56,10 @@ def thread_sweep(section: dict, out_dir: Path) -> str:
         ax.set_xticks(sorted({r["threads"] for r in t["rows"]}))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{section['name']}: median over passes, band = 95% bootstrap CI of the median", fontsize=9)
+    fig.suptitle(f"{section['name']} (host {section['host_key']}): median over passes, "
+                 "band = 95% bootstrap CI of the median", fontsize=9)
     fig.tight_layout()
-    name = f"{section['name']}-threads.png"
+    name = f"{section['slug']}-threads.png"
     fig.savefig(out_dir / name, dpi=100, metadata=PNG_META)
     plt.close(fig)
     return name

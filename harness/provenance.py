@@ -18,22 +18,33 @@ from harness.paths import PROJECT_ROOT
 ENV_PREFIXES = ("OMP_", "VLLM_", "GGML_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", "LD_PRELOAD", "CUDA_VISIBLE")
 
 
+NOT_A_CHECKOUT = "unknown (not a git checkout)"
+
+
 def harness_info(root: Path = PROJECT_ROOT) -> dict:
-    """Version, git commit and dirty flag of the harness tree (artifacts/ changes do not count as dirty)."""
+    """Version, git commit and dirty flag of the harness tree (artifacts/ changes do not count as dirty).
+
+    Outside a git checkout (an sdist or tarball install) the commit is NOT_A_CHECKOUT and dirty is
+    null: unknown, not guessed. `harness check` accepts such artifacts only with --allow-unknown-commit.
+    """
     try:
         import git
         repo = git.Repo(root)
-        try:
-            commit = repo.head.commit.hexsha
-        except ValueError:
-            commit = "unknown"
-        # The store itself changes while a grid runs; only code and inputs make a tree dirty.
+    except Exception:  # gitpython or git missing, or not a repository
+        return {"version": __version__, "commit": NOT_A_CHECKOUT, "dirty": None, "dirty_files": []}
+    try:
+        commit = repo.head.commit.hexsha
+    except ValueError:
+        commit = "unknown (no commit yet)"
+    try:
+        # The store itself changes while a grid runs; only code and inputs make a tree dirty (the README's
+        # published block is rendered from the store too).
         status = repo.git.status("--porcelain", "--untracked-files=normal", "--", ".", ":!artifacts", ":!baselines",
-                                 ":!reports")
-        dirty_files = [line[3:] for line in status.splitlines() if line.strip()]
-        return {"version": __version__, "commit": commit, "dirty": bool(dirty_files), "dirty_files": dirty_files[:20]}
-    except Exception as e:  # no git, or not a repository: say so rather than guess
-        return {"version": __version__, "commit": "unknown", "dirty": True, "dirty_files": [], "git_error": str(e)[:200]}
+                                 ":!reports", ":!README.md")
+    except Exception:  # the git binary is missing or failed: the tree's state is unknown
+        return {"version": __version__, "commit": commit, "dirty": None, "dirty_files": []}
+    dirty_files = [line[3:] for line in status.splitlines() if line.strip()]
+    return {"version": __version__, "commit": commit, "dirty": bool(dirty_files), "dirty_files": dirty_files[:20]}
 
 
 @lru_cache(maxsize=1)
@@ -43,7 +54,7 @@ def _host_static() -> dict:
 
 
 def host_info() -> dict:
-    """The probe's host profile; memory availability and load are read fresh each call."""
+    """The probe's host profile with its key; memory availability and load are read fresh each call."""
     from harness.probe import loadavg, meminfo
     host = dict(_host_static())
     host["memory"] = meminfo()
@@ -65,6 +76,11 @@ def numa_policy() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     return "default (numactl not installed)"
+
+
+def current_host_key() -> str:
+    """The key of the machine this process runs on (probe.host_key)."""
+    return _host_static()["key"]
 
 
 def loadavg_now() -> list[float] | str:

@@ -32,22 +32,30 @@ class RunSummary:
     paths: list[Path]
 
 
-def existing(store: Store, spec: grid.GridSpec, new_series: bool = False) -> dict[str, list]:
-    """Artifacts already stored for this grid file (same sha256), by run key. Artifacts of another
-    version of the grid file, and none of this one, mean the file changed: refused unless new_series."""
+def existing(store: Store, spec: grid.GridSpec, new_series: bool = False,
+             host_key: str | None = None) -> tuple[dict[str, list], int]:
+    """Artifacts this host already stored for this grid file (same sha256), by run key, and how many
+    other hosts stored. A series is (grid sha256, host key): another machine's runs never count as done
+    here. This host's artifacts of another version of the grid file, and none of this one, mean the file
+    changed: refused unless new_series."""
+    host_key = host_key or provenance.current_host_key()
     by_key: dict[str, list] = {}
     other_sha = set()
+    other_hosts = 0
     for p in store.iter_paths(spec.name):
         a = load_path(p)
+        if a.host.key != host_key:
+            other_hosts += 1
+            continue
         if a.grid.sha256 != spec.sha256:
             other_sha.add(a.grid.sha256)
             continue
         by_key.setdefault(a.grid.run_key, []).append(a)
     if other_sha and not by_key and not new_series:
-        raise UserError(spec.path, f"grid file changed since its runs in {store.grid_dir(spec.name)} began "
+        raise UserError(spec.path, f"grid file changed since this host's runs in {store.grid_dir(spec.name)} began "
                         f"(stored sha256 {sorted(other_sha)[0][:12]}..., now {spec.sha256[:12]}...)",
                         "restore the grid file, or pass --new-series to start a new series beside the old one")
-    return by_key
+    return by_key, other_hosts
 
 
 def _model_block(spec: grid.GridSpec, form: str) -> tuple[dict, dict[str, Path]]:
@@ -64,7 +72,7 @@ def _threads(spec: grid.GridSpec, arm: grid.Arm, params: dict) -> int:
     return int(arm.options.get("threads") or params.get("threads"))
 
 
-def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path) -> dict:
+def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path | None = None) -> dict:
     """One run: residency before, the engine in a fresh process, residency after, the artifact document."""
     arm = spec.arm(run.arm)
     engine = get_engine(arm.engine)
@@ -75,7 +83,8 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path) -> dict:
     before = files_residency(weights)
     span = provenance.Span()
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{run.run_key}-", dir=workroot))
-    ctx = RunContext(spec=spec, run=run, arm=arm, threads=threads, cpus=cpus, workdir=workdir, timeout_s=spec.timeout_s)
+    ctx = RunContext(spec=spec, run=run, arm=arm, threads=threads, cpus=cpus, workdir=workdir, timeout_s=spec.timeout_s,
+                     store_root=store_root)
     try:
         res: EngineResult = engine.run(ctx, form)
     except UserError:
@@ -130,12 +139,14 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
     warn = passes_warning(spec)
     if warn:
         print(f"[harness] {warn}", file=out)
-    done = existing(store, spec, new_series)
-    # a run is finished when it has an ok artifact (or any artifact, when failures are not retried)
+    host = provenance.current_host_key()
+    done, other_hosts = existing(store, spec, new_series, host)
+    # a run is finished when this host has an ok artifact for it (or any, when failures are not retried)
     todo = [r for r in runs if not any(a.status == "ok" or not retry_failed for a in done.get(r.run_key, []))]
     skipped = len(runs) - len(todo)
-    print(f"[harness] grid {spec.name}: {len(runs)} runs, {skipped} already stored, {len(todo)} to run "
-          f"-> {store.grid_dir(spec.name)}", file=out)
+    others = f"; {other_hosts} artifact(s) of other hosts kept apart" if other_hosts else ""
+    print(f"[harness] grid {spec.name} on host {host}: {len(runs)} runs, {skipped} already stored by this host, "
+          f"{len(todo)} to run -> {store.grid_dir(spec.name)}{others}", file=out)
     ok = bad = 0
     paths = []
     durations: list[float] = []
@@ -148,7 +159,7 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
         print(f"[{i + 1}/{len(todo)}] pass {r.pass_index} pos {r.position} arm {r.arm:<12} cell {r.cell.id}{eta}",
               file=out, flush=True)
         t0 = time.time()
-        doc = run_one(spec, r, workroot)
+        doc = run_one(spec, r, workroot, store.root)
         a = artifact.finalize(doc)
         path = store.write(a)
         paths.append(path)

@@ -11,10 +11,26 @@ def test_committed_artifacts_pass_check(cli, monkeypatch):
     assert rc == 0, out
 
 
-def test_results_md_is_up_to_date(cli, monkeypatch):
+def test_results_md_and_readme_figures_are_up_to_date(cli, monkeypatch):
+    """results.md and the README's published block are exactly what the store renders: a figure typed
+    into the README block, or one the store no longer gives, fails here."""
     monkeypatch.chdir(PROJECT_ROOT)
-    rc, out, err = cli("report", "--check", "--out", "reports/results.md")
+    rc, out, err = cli("report", "--check", "--out", "reports/results.md", "--readme", "README.md")
     assert rc == 0, out
+
+
+def test_a_readme_figure_that_differs_from_the_store_fails(cli, tmp_path, monkeypatch):
+    from harness.report import README_BEGIN
+    monkeypatch.chdir(PROJECT_ROOT)
+    text = Path("README.md").read_text()
+    block = text.split(README_BEGIN)[1]
+    figure = next(tok for tok in block.split() if tok.replace(".", "").isdigit() and "." in tok)
+    edited = tmp_path / "README.md"
+    edited.write_text(text.replace(figure, str(float(figure) + 1.0), 1))
+    rc, out, _ = cli("report", "--check", "--out", "reports/results.md", "--readme", edited)
+    assert rc == 1 and f"{edited}: stale" in out
+    rc, _, err = cli("report", "--check", "--out", "reports/results.md", "--readme", tmp_path / "none.md")
+    assert rc == 2 and "--readme" in err
 
 
 def test_report_check_fails_when_store_changes(cli, tmp_path, monkeypatch):

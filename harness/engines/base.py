@@ -28,6 +28,7 @@ class RunContext:
     cpus: list[int]
     workdir: Path
     timeout_s: float
+    store_root: Path | None = None  # the store the run writes to: lookups of other artifacts read it, per host
 
     @property
     def params(self) -> dict[str, Any]:

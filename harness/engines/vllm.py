@@ -65,14 +65,17 @@ def dtype_for_host(isa: dict) -> tuple[str, str]:
 COST_GRID = "runtime-startup"
 
 
-def measured_costs(root: Path | None = None) -> dict | None:
-    """Start-up and decode cost of each (engine_core, eager) configuration, measured by the newest series of
-    grids/runtime-startup.yaml in the published store: medians over its warm-cache runs."""
+def measured_costs(root: Path | None = None, host_key: str | None = None) -> dict | None:
+    """Start-up and decode cost of each (engine_core, eager) configuration, measured on this host (or
+    `host_key`) by the newest series of grids/runtime-startup.yaml in the store `root` (default: the
+    published artifacts/): medians over its warm-cache runs. Another machine's costs are never borrowed."""
     from harness.paths import PROJECT_ROOT
+    from harness.provenance import current_host_key
     from harness.store import load_path
-    d = (root or PROJECT_ROOT / "artifacts") / COST_GRID
+    host_key = host_key or current_host_key()
+    d = Path(root or PROJECT_ROOT / "artifacts") / COST_GRID
     arts = [load_path(p) for p in sorted(d.glob("*.json"))] if d.is_dir() else []
-    ok = [a for a in arts if a.status == "ok" and a.kind == "run"]
+    ok = [a for a in arts if a.status == "ok" and a.kind == "run" and a.host.key == host_key]
     if not ok:
         return None
     sha = max(ok, key=lambda a: a.timing.end).grid.sha256
@@ -86,7 +89,7 @@ def measured_costs(root: Path | None = None) -> dict | None:
         start = statistics.median(r.metrics["startup_s"].samples[0] for r in runs)
         dec = statistics.median(statistics.median(r.metrics["decode_tok_s"].samples) for r in runs)
         configs[(core, eager)] = {"startup_s": start, "s_per_token": 1.0 / dec, "runs": len(runs)}
-    return {"grid_sha256": sha, "configs": configs} if configs else None
+    return {"grid_sha256": sha, "host": host_key, "configs": configs} if configs else None
 
 
 def choose_core_and_eager(engine_core: str, eager: Any, tokens: int, costs: dict | None) -> tuple[str, bool, dict]:
@@ -96,7 +99,8 @@ def choose_core_and_eager(engine_core: str, eager: Any, tokens: int, costs: dict
     fixed_eager = None if eager == "auto" else bool(eager)
     if costs is None:
         core, eg = fixed_core or "inprocess", True if fixed_eager is None else fixed_eager
-        return core, eg, {"rule": f"no {COST_GRID} measurement in the store: the defaults", "tokens_per_process": tokens}
+        return core, eg, {"rule": f"no {COST_GRID} measurement of this host in the store: the defaults",
+                          "tokens_per_process": tokens}
     cands = {k: v for k, v in costs["configs"].items()
              if (fixed_core is None or k[0] == fixed_core) and (fixed_eager is None or k[1] == fixed_eager)}
     if not cands:
@@ -107,6 +111,7 @@ def choose_core_and_eager(engine_core: str, eager: Any, tokens: int, costs: dict
     (core, eg) = min(total, key=lambda k: (total[k], k))
     return core, eg, {"rule": "least measured start-up + tokens_per_process x s/token",
                       "tokens_per_process": tokens, "evidence_grid_sha256": costs["grid_sha256"],
+                      "evidence_host": costs.get("host"),
                       "estimated_s": {f"{k[0]}/{'eager' if k[1] else 'compiled'}": round(t, 2) for k, t in total.items()}}
 
 
@@ -139,7 +144,7 @@ class Vllm(ModelEngine):
         if "auto" in (opts.get("engine_core"), opts.get("eager")):
             tokens = (ctx.spec.warmups + ctx.spec.repetitions) * int(ctx.params["gen_len"])
             core, eg, why = choose_core_and_eager(opts.get("engine_core", "inprocess"), opts.get("eager", True), tokens,
-                                                  measured_costs())
+                                                  measured_costs(ctx.store_root))
             for k, v in (("engine_core", core), ("eager", eg)):
                 if opts.get(k) == "auto":
                     host_overrides[k] = {"requested": "auto", "effective": v, **why}
