@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -
 TORCH_INDEX ?=
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: setup venv llama.cpp models demo test test-fast bench planted calibrate fidelity ceiling clean-venv
+.PHONY: setup venv llama.cpp models demo test test-fast bench planted calibrate fidelity ceiling coverage footprint clean-venv
 
 setup: venv llama.cpp models
 
@@ -72,6 +72,15 @@ planted: venv
 # A/A noise calibration of this machine (identical arms).
 calibrate: venv
 	$(HARNESS) run grids/noise-aa.yaml --store artifacts
+
+# Do the report's intervals keep their promise? The simulation table in docs/methodology.md.
+coverage: venv
+	$(PY) -m harness.coverage --write docs/methodology.md
+
+# What the harness's own observers (memory poller, residency scans) cost a measurement.
+footprint: setup
+	$(HARNESS) run grids/footprint-llamacpp.yaml --store artifacts
+	$(HARNESS) run grids/footprint-vllm.yaml --store artifacts
 
 # Greedy fidelity of every published build against its engine's bf16 (docs/harness.md).
 fidelity: setup

@@ -41,6 +41,8 @@ class GridRef(Frozen):
     seed: int
     run_key: str
     baseline_arm: str
+    primary: dict[str, Any] | None = Field(None, description="the grid's declared primary comparisons (the family "
+                                           "given verdicts); null: every comparison")
 
 
 class ModelFile(Frozen):
@@ -85,6 +87,8 @@ class Execution(Frozen):
     compile_cache: dict[str, Any]
     eager: bool | None
     command: list[str]
+    observe: Literal["full", "bare"] = Field("full", description="full: memory poller during the run and residency "
+                                             "scans around it; bare: neither (measures what observing costs)")
 
 
 class Workload(Frozen):

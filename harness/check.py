@@ -99,8 +99,10 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
         needed += when_ok
     else:
         needed += ["error"]
-    if a.kind == "run" and a.engine.name != "command":
+    if a.kind == "run" and a.engine.name != "command" and a.execution.observe != "bare":
         needed += REQUIRED_MODEL
+    elif a.kind == "run" and a.engine.name != "command":
+        needed += ["model.files"]  # a bare run has no residency: it measured what observing costs
     for f in needed:
         v = _get(doc, f)
         if v is KeyError:

@@ -108,8 +108,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1 if stale else 0
     with open(args.out, "w") as f:
         f.write(text)
-    pngs = report.write_plots(sections, Path(args.out).parent)
-    print(f"wrote {args.out}" + (f" and {len(pngs)} plot(s)" if pngs else ""))
+    drawn, kept = report.write_plots(sections, Path(args.out).parent)
+    print(f"wrote {args.out}; plots: {len(drawn)} drawn, {len(kept)} unchanged (data hashes in "
+          f"{Path(args.out).parent / report.PLOT_HASHES})")
     if readme is not None:
         Path(args.readme).write_text(readme)
         print(f"wrote the published block of {args.readme}")

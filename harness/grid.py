@@ -20,8 +20,10 @@ WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
 AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form")
 ORDERS = ("interleaved", "sequential", "random")
 TOP_FIELDS = {"kind", "name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
-              "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads"}
-ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa"}
+              "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads", "primary"}
+PRIMARY_FIELDS = {"metrics", "arms", "cells"}
+ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa", "observe"}
+OBSERVE = ("full", "bare")
 WHY_NO_DEFAULTS = "each of prompt_len, context_len, gen_len has produced a wrong conclusion when left at a default"
 
 
@@ -35,6 +37,9 @@ class Arm:
     patches: Any = None
     cpus: list[int] | None = None
     numa: int | None = None
+    # full: the harness's memory poller runs during the run and residency is scanned around it; bare: neither
+    # (to measure what observing costs; the artifact then has no residency or peak memory)
+    observe: str = "full"
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class GridSpec:
     seed: int
     baseline: str
     timeout_s: float
+    primary: dict[str, Any] | None = None  # the declared primary comparisons: the family given verdicts
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -168,9 +174,12 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
                            f"none, all, or a list of: {', '.join(NAMES)}")
         if "threads" in ra:
             opts = {**opts, "threads": _int(path, f"{f}.threads", ra["threads"])}
+        observe = ra.get("observe", "full")
+        if observe not in OBSERVE:
+            raise _err(path, f"{f}.observe", f"unknown value {observe!r}", f"allowed: {', '.join(OBSERVE)}")
         arms.append(Arm(name=an, engine=ra["engine"], form=ra.get("form"), options=opts,
                         env={k: str(v) for k, v in env.items()}, patches=ra.get("patches"), cpus=cpus,
-                        numa=ra.get("numa")))
+                        numa=ra.get("numa"), observe=observe))
     if model == "none" and any(a.engine != "command" for a in arms):
         raise _err(path, "model", "is required when an arm runs a model engine", f"known: {', '.join(sorted(MODELS))}")
     names = [a.name for a in arms]
@@ -233,12 +242,76 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
     seed = doc.get("seed", 0)
     if not isinstance(seed, int):
         raise _err(path, "seed", f"must be an integer, got {seed!r}")
+    primary = _primary(path, doc.get("primary"), arms, baseline)
     return GridSpec(path=path, sha256=sha256, name=name, description=str(doc.get("description", "")), model=model,
-                    arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc),
+                    arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc), primary=primary,
                     passes=_int(path, "passes", doc.get("passes", 1)),
                     repetitions=_int(path, "repetitions", doc.get("repetitions", 3)),
                     warmups=_int(path, "warmups", doc.get("warmups", 1), lo=0),
                     order=order, seed=seed, baseline=baseline, timeout_s=float(timeout))
+
+
+def _primary(path: str, raw: Any, arms: list[Arm], baseline: str) -> dict | None:
+    """`primary: {metrics: [...], arms: [...], cells: [{axis: value}, ...]}`: the comparisons that get verdicts
+    (the family); the others are exploratory estimates. Every field optional; names checked."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not raw:
+        raise _err(path, "primary", "must be a mapping with any of metrics, arms, cells", "see docs/harness.md")
+    only_fields(path, "primary", raw, PRIMARY_FIELDS)
+    from harness.engines import engine_metrics
+    known = sorted({m for a in arms for m in engine_metrics(a.engine)})
+    out: dict[str, Any] = {}
+    for key, allowed in (("metrics", known), ("arms", [a.name for a in arms if a.name != baseline])):
+        if key in raw:
+            vals = raw[key]
+            if not isinstance(vals, list) or not vals or not all(isinstance(v, str) for v in vals):
+                raise _err(path, f"primary.{key}", "must be a non-empty list of names", f"known: {', '.join(allowed)}")
+            bad = [v for v in vals if v not in allowed]
+            if bad:
+                raise _err(path, f"primary.{key}", f"unknown {key[:-1]} {bad[0]!r}", f"known: {', '.join(allowed)}")
+            out[key] = list(vals)
+    if "cells" in raw:
+        rules = raw["cells"]
+        if not isinstance(rules, list) or not rules or not all(isinstance(r, dict) for r in rules):
+            raise _err(path, "primary.cells", "must be a list of mappings {axis: value}")
+        for j, r in enumerate(rules):
+            for k in r:
+                if k not in AXIS_NAMES:
+                    raise _err(path, f"primary.cells[{j}].{k}", "unknown axis", f"known: {', '.join(AXIS_NAMES)}")
+        out["cells"] = [dict(r) for r in rules]
+    return out
+
+
+def in_family(primary: dict | None, metric: str, arm: str, params: dict) -> bool:
+    """Whether a comparison is one of the grid's primaries (every comparison, when none are declared)."""
+    if not primary:
+        return True
+    if "metrics" in primary and metric not in primary["metrics"]:
+        return False
+    if "arms" in primary and arm not in primary["arms"]:
+        return False
+    return "cells" not in primary or any(_matches(r, params) for r in primary["cells"])
+
+
+def family(spec: GridSpec) -> list[tuple[str, str, str]]:
+    """The comparisons a grid gives verdicts to, before anything runs: (cell, arm, metric) for each cell,
+    each non-baseline arm that runs there beside the baseline, each metric both engines emit, filtered by
+    the declared primaries."""
+    from harness.engines import engine_metrics
+    out = []
+    base = spec.arm(spec.baseline)
+    for cell in expand(spec):
+        arms = arms_for(spec, cell)
+        if base not in arms:
+            continue
+        for a in arms:
+            if a.name == spec.baseline:
+                continue
+            for m in engine_metrics(a.engine):
+                if m in engine_metrics(base.engine) and in_family(spec.primary, m, a.name, cell.params):
+                    out.append((cell.id, a.name, m))
+    return out
 
 
 def _matches(rule: dict, params: dict, arm: str | None = None) -> bool:

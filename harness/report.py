@@ -17,7 +17,8 @@ from typing import Any
 import jinja2
 import numpy as np
 
-from harness import stats
+from harness import analysis, stats
+from harness.analysis import build_id, by_host  # noqa: F401  (re-exported for callers of report)
 from harness.artifact import RunArtifact
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
@@ -38,65 +39,45 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-def by_host(arts: list) -> dict[str, list]:
-    """Artifacts grouped by the host that measured them (host.key), hosts in order of their first run."""
-    groups: dict[str, list] = defaultdict(list)
-    for a in sorted(arts, key=lambda a: (a.timing.start, a.id)):
-        groups[a.host.key].append(a)
-    return dict(groups)
-
-
-def _series(arts: list[RunArtifact]) -> list[RunArtifact]:
-    """The newest series of one host's artifacts of a grid: those stamped with the grid sha256 of its latest
-    run. A series is (grid sha256, host key): callers pass one host's artifacts only."""
-    assert len({a.host.key for a in arts}) == 1, "a series is measured by one host"
-    latest = max(arts, key=lambda a: a.timing.end)
-    return [a for a in arts if a.grid.sha256 == latest.grid.sha256]
-
-
-def build_id(engine: Any) -> str:
-    """The engine build a run used: its binary's sha256 prefix (llama.cpp), else a hash of every sha256 the
-    engine recorded (wheel RECORDs, shell)."""
-    b = engine.build
-    if isinstance(b.get("binary_sha256"), str):
-        return b["binary_sha256"][:12]
-    shas = {k: v for k, v in sorted(b.items()) if k.endswith("sha256")}
-    return hashlib.sha256(json.dumps(shas or b, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def model_id(a: Any) -> str:
-    """The weights a run used: a hash of its model files' sha256s."""
-    return hashlib.sha256("".join(sorted(f.sha256 for f in a.model.files)).encode()).hexdigest()[:12]
-
-
-def mixed_builds(arts: list) -> list[str]:
-    """Within one series, each arm whose runs used more than one engine build or model file set (pyperf
-    refuses to merge such runs; the report says so and names them)."""
-    out = []
-    by_arm: dict[str, list] = defaultdict(list)
-    for a in arts:
-        by_arm[a.grid.arm].append(a)
-    for arm, runs in sorted(by_arm.items()):
-        builds = sorted({build_id(a.engine) for a in runs})
-        weights = sorted({model_id(a) for a in runs if a.model.files})
-        if len(builds) > 1:
-            out.append(f"arm {arm}: its runs used {len(builds)} different engine builds (sha256 "
-                       f"{', '.join(builds)}): figures of different binaries are pooled in this series")
-        if len(weights) > 1:
-            out.append(f"arm {arm}: its runs used {len(weights)} different model file sets ({', '.join(weights)}): "
-                       "figures of different weights are pooled in this series")
-    return out
-
-
 def _status_counts(arts: list) -> str:
     ok = sum(1 for a in arts if a.status == "ok")
     bad = len(arts) - ok
     return f"{ok} ok" + (f", {bad} failed or timed out" if bad else "")
 
 
-def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] | None = None) -> dict:
+def _ratio_text(c: stats.Comparison) -> str:
+    if not c.has_interval:
+        return f"{c.ratio:.3f} (n={c.n_pairs}: no interval at {stats.level_text(c.level)})"
+    return f"{c.ratio:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}]"
+
+
+def _row_dict(r: analysis.Row) -> dict:
+    """A row as the templates and plots read it: formatted text beside the values they need."""
+    s = r.summary
+    d: dict[str, Any] = {
+        "cell": r.cell, "arm": r.arm, "unit": r.unit, "median": _fmt(s.median), "iqr": _fmt(s.iqr),
+        "median_value": s.median, "q1_value": s.q1, "q3_value": s.q3,
+        "median_ci": stats.median_ci(np.asarray(r.values, dtype=float)), "threads": r.threads,
+        "cell_short": r.cell_short, "range": f"{_fmt(s.lo)}-{_fmt(s.hi)}",
+        "n": f"{s.n} runs / {r.n_samples} samples" + (f" (+{r.duplicates} duplicate)" if r.duplicates else ""),
+        "failed": r.failed, "hib": r.higher_is_better, "verdict": r.verdict, "role": r.role,
+        "ratio": {"baseline": "baseline", "unpaired": "no paired baseline"}.get(r.role, ""), "p": "",
+        "fidelity": r.fidelity}
+    c = r.comparison
+    if c is not None:
+        d["ratio"] = _ratio_text(c) + (" (exploratory, 95%)" if r.role == "exploratory" else "")
+        d["ratio_value"], d["p_raw"] = c.ratio, c.p_value
+        d["p"] = f"{c.p_adjusted:.3g}" if r.role == "family" else f"{c.p_value:.3g} (unadjusted)"
+        if c.has_interval:
+            d["ci"] = (c.ci_low, c.ci_high)
+        d["detectable"] = c.detectable
+    return d
+
+
+def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] | None = None,
+                 gates: dict | None = None) -> dict:
     """One series of a grid (the newest of one host): `all_arts` are that host's artifacts of the grid."""
-    arts = _series(all_arts)
+    arts = analysis.newest_series(all_arts)
     # every artifact of the grid on this host, shown or not, is in the fingerprint: adding or removing
     # any one of them makes the rendered file stale
     fingerprint = hashlib.sha256("\n".join(sorted(a.id for a in all_arts)).encode()).hexdigest()[:16]
@@ -104,76 +85,23 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
     older = [a for a in all_arts if a.grid.sha256 != first.grid.sha256]
     older_series = len({a.grid.sha256 for a in older})
     ok = [a for a in arts if a.status == "ok"]
-    cells = sorted({a.grid.cell for a in arts})
-    arms = sorted({a.grid.arm for a in arts}, key=lambda n: (n != first.grid.baseline_arm, n))
-    metric_names = sorted({m for a in ok for m in a.metrics})
-    # value of a run = median of its repetitions; keyed by (cell, arm, pass)
-    runs: dict[tuple, RunArtifact] = {}
-    duplicates = 0
-    for a in sorted(ok, key=lambda a: a.timing.end):
-        k = (a.grid.cell, a.grid.arm, a.grid.pass_index)
-        duplicates += k in runs
-        runs[k] = a
-    failed = defaultdict(int)
-    for a in arts:
-        if a.status != "ok":
-            failed[(a.grid.cell, a.grid.arm)] += 1
-    # the cell parameters that vary across this grid's cells name a cell in plots
-    varying = {k for k in first.grid.cell_params if len({str(a.grid.cell_params.get(k)) for a in arts}) > 1}
+    an = analysis.analyse(arts, gates)
     tables = []
-    for metric in metric_names:
-        rows, comps = [], []
-        for cell in cells:
-            base_vals = {p: stats.summarize(r.metrics[metric].samples).median
-                         for (c, arm, p), r in runs.items() if c == cell and arm == first.grid.baseline_arm
-                         and metric in r.metrics}
-            for arm in arms:
-                per_pass = {p: r for (c, am, p), r in runs.items() if c == cell and am == arm and metric in r.metrics}
-                if not per_pass:
-                    continue
-                m0 = next(iter(per_pass.values())).metrics[metric]
-                vals = [stats.summarize(r.metrics[metric].samples).median for _, r in sorted(per_pass.items())]
-                s = stats.summarize(vals)
-                n_samples = sum(len(r.metrics[metric].samples) for r in per_pass.values())
-                row = {"cell": cell, "arm": arm, "unit": m0.unit, "median": _fmt(s.median), "iqr": _fmt(s.iqr),
-                       "median_value": s.median, "q1_value": s.q1, "q3_value": s.q3,
-                       "median_ci": stats.median_ci(np.asarray(vals, dtype=float)),
-                       "threads": next(iter(per_pass.values())).execution.threads,
-                       "cell_short": ",".join(f"{k}={v}" for k, v in sorted(
-                           next(iter(per_pass.values())).grid.cell_params.items()) if k in varying),
-                       "range": f"{_fmt(s.lo)}-{_fmt(s.hi)}", "n": f"{s.n} runs / {n_samples} samples",
-                       "failed": failed.get((cell, arm), 0), "ratio": "baseline" if arm == first.grid.baseline_arm else "",
-                       "verdict": "", "hib": m0.higher_is_better}
-                if arm != first.grid.baseline_arm:
-                    common = sorted(set(per_pass) & set(base_vals))
-                    if common:
-                        c = stats.compare([stats.summarize(per_pass[p].metrics[metric].samples).median for p in common],
-                                          [base_vals[p] for p in common])
-                        comps.append((row, c))
-                    else:
-                        row["ratio"] = "no paired baseline"
-                rows.append(row)
-        adjusted = stats.holm([c.p_value for _, c in comps])
-        for (row, c), padj in zip(comps, adjusted):
-            c2 = stats.Comparison(**{**c.__dict__, "p_adjusted": padj})
-            row["ratio"] = f"{c.ratio_median:.3f} [{c.ci_low:.3f}, {c.ci_high:.3f}]"
-            row["ratio_value"], row["ci"] = c.ratio_median, (c.ci_low, c.ci_high)
-            row["p_raw"] = c.p_value
-            row["verdict"] = stats.verdict(c2, row["hib"], len(comps))
-            row["p"] = "-" if padj is None else f"{padj:.3g}"
-            row["warnings"] = list(c.warnings)
-            if not stats.reachable(c.n_pairs, len(comps)):
-                need = next(n for n in range(1, 64) if stats.reachable(n, len(comps)))
-                row["warnings"].append(f"{c.n_pairs} passes can never reach p<{stats.ALPHA} with a paired signed-rank "
-                                       f"test over {len(comps)} Holm-corrected comparison(s); run at least {need} passes")
+    for metric in an.metrics:
+        rows = [_row_dict(r) for r in an.rows if r.metric == metric]
         tables.append({"metric": metric, "unit": rows[0]["unit"] if rows else "",
                        "definitions": sorted({(r.engine.name, r.metrics[metric].definition) for r in ok if metric in r.metrics}),
                        "rows": rows})
-    warnings = sorted({w for t in tables for r in t["rows"] for w in r.get("warnings", [])})
-    warnings += mixed_builds(ok)
-    if duplicates:
-        warnings.append(f"{duplicates} (cell, arm, pass) measured more than once (ok): the latest run of each is used, "
-                        "the others are kept")
+    warnings = list(an.warnings)
+    n_min = min((r.comparison.n_pairs for r in an.rows if r.comparison and r.role == "family"), default=0)
+    if an.family_size and not stats.reachable(n_min, an.family_size):
+        warnings.append(f"{n_min} passes can never give a verdict in a family of {an.family_size} comparisons "
+                        f"(each interval at {stats.level_text(1 - stats.ALPHA / an.family_size)}); run at least "
+                        f"{stats.passes_needed(an.family_size)} passes, or declare the grid's primary comparisons")
+    gated = sorted({(r.arm, r.fidelity) for r in an.rows if r.role == "family" and r.fidelity not in ("pass", "n/a")})
+    for arm, g in gated:
+        warnings.append(f"arm {arm}: fidelity {g} on this host: its speed is shown, its verdicts are withheld "
+                        "(docs/methodology.md, fidelity gates speed)")
     # Rule 6: a setting that did not take effect measures nothing; say so wherever it happened
     for a in ok:
         eff = a.execution.effective.get("threads", a.execution.effective.get("torch_threads"))
@@ -186,27 +114,25 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         worst = max(a.host["other_load_during_run"]["other_cores"] for a in loaded)
         warnings.append(f"{len(loaded)} run(s) shared the host with other work (up to {worst:.2f} cores used by other "
                         f"processes during a run, threshold {LOADED_CORES}): not publishable as is; rerun on an idle host")
-    if len([x for x in arms if x != first.grid.baseline_arm]) > 1:
+    if len([x for x in an.arms if x != an.baseline]) > 1:
         warnings.append("several arms are compared with one baseline: their separately measured effects overlap and "
                         "must not be added")
     warnings = sorted(set(warnings))
     # A/A: every arm ran the same engine, model form and requested configuration
     configs = {(a.engine.name, a.model.form, json.dumps(a.execution.requested, sort_keys=True)) for a in ok}
-    calibration = None
-    if ok and len(configs) == 1 and len(arms) > 1:
-        calibration = []
-        for t in tables:
-            rows = [r for r in t["rows"] if "ci" in r]
-            if not rows:
-                continue
-            flagged = sum(1 for r in rows if r["verdict"] in ("better", "worse"))
-            raw = sum(1 for r in rows if r.get("p_raw") is not None and r["p_raw"] < stats.ALPHA)
-            half = sorted((r["ci"][1] - r["ci"][0]) / 2 for r in rows)
-            calibration.append({"metric": t["metric"], "n": len(rows), "flagged": flagged, "raw": raw,
-                                "mde": f"{half[len(half) // 2] * 100:.1f}%"})
-    engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit, build_id(a.engine)) for a in arts})
+    calibration = aa_calibration(an) if ok and len(configs) == 1 and len(an.arms) > 1 else None
+    engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit, analysis.build_id(a.engine)) for a in arts})
     model_files = sorted({(a.model.form, f.path, f.sha256[:12]) for a in arts for f in a.model.files
                           if f.path.endswith((".gguf", ".safetensors"))})
+    between = [{"cell": b.cell.replace("batch=1,", ""), "arm": b.arm, "metric": b.metric,
+                "series": [{"label": f.label, "median": _fmt(f.median),
+                            "median_ci": "n<6: no interval" if f.median_ci is None else
+                            f"[{_fmt(f.median_ci[0])}, {_fmt(f.median_ci[1])}]",
+                            "ratio": "baseline" if f.ratio is None else f"{f.ratio:.3f}" + (
+                                f" [{f.ratio_ci[0]:.3f}, {f.ratio_ci[1]:.3f}]" if f.ratio_ci else " (no interval)")}
+                           for f in b.series],
+                "spread": f"{b.spread:.3f}", "flag": ", ".join(f"{x} do not overlap" for x in b.disjoint)}
+               for b in analysis.between_series(all_arts)]
     return {
         "name": name, "grid_path": first.grid.path, "grid_sha": first.grid.sha256[:12], "order": first.grid.order,
         "passes": len({a.grid.pass_index for a in arts}), "baseline": first.grid.baseline_arm, "model": first.model.name,
@@ -214,6 +140,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "n_all": len(all_arts), "n_older": len(older), "older_series": older_series,
         "older_status": _status_counts(older) if older else "", "fingerprint": fingerprint,
         "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
+        "family": _family_text(an), "between": between,
         "host": describe(first.host.model_dump()), "host_key": first.host.key, "slug": f"{name}-{first.host.key}",
         "kernels": sorted({str(a.host.get("kernel")) for a in arts}),
         "harness_commits": sorted({a.harness.commit[:12] for a in arts}),
@@ -221,6 +148,39 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "dates": f"{min(a.timing.start for a in arts)[:10]} to {max(a.timing.end for a in arts)[:10]}",
         "store_dirs": sorted({(where or {}).get(a.id, "") for a in arts}),
     }
+
+
+def _family_text(an: analysis.SeriesAnalysis) -> str:
+    if not an.family_size:
+        return "no comparisons"
+    scope = ("the declared primaries (" + "; ".join(f"{k}: {v}" for k, v in sorted(an.primary.items())) + ")"
+             if an.primary else "every comparison of this series")
+    n_expl = sum(1 for r in an.rows if r.role == "exploratory")
+    return (f"{an.family_size} comparison(s) given verdicts, {scope}; each interval at "
+            f"{stats.level_text(1 - stats.ALPHA / an.family_size)} (Bonferroni: 1 - {stats.ALPHA}/{an.family_size})"
+            + (f"; {n_expl} exploratory estimate(s) with a plain 95% interval and no verdict" if n_expl else ""))
+
+
+def aa_calibration(an: analysis.SeriesAnalysis) -> list[dict]:
+    """A/A (identical arms): every verdict is a false positive. Per metric: comparisons, flagged after the
+    family correction, raw p < 0.05, each with an exact (Clopper-Pearson) 95% interval of the rate, and the
+    effect detectable with 80% power."""
+    out = []
+    for metric in an.metrics:
+        rows = [r for r in an.rows if r.metric == metric and r.comparison is not None and r.role == "family"]
+        if not rows:
+            continue
+        n = len(rows)
+        flagged = sum(1 for r in rows if r.verdict in ("better", "worse"))
+        raw = sum(1 for r in rows if r.comparison.p_value < stats.ALPHA)  # type: ignore[union-attr]
+
+        def ci(k: int) -> str:
+            lo, hi = stats.clopper_pearson(k, n)
+            return f"{k}/{n} [{lo * 100:.0f}%, {hi * 100:.0f}%]"
+        det = sorted(r.comparison.detectable for r in rows if r.comparison.detectable is not None)  # type: ignore[union-attr]
+        out.append({"metric": metric, "n": n, "flagged": ci(flagged), "raw": ci(raw),
+                    "mde": f"+/-{det[len(det) // 2] * 100:.1f}%" if det else "no verdict reachable"})
+    return out
 
 
 @dataclass
@@ -259,12 +219,9 @@ def collect(store_dirs: list[str]) -> Collected:
 # The speed grids whose builds are set against the machine's ceiling (when they are in the store).
 CEILING_GRIDS = ("llamacpp-baseline", "vllm-vs-llamacpp", "decode-threads")
 
-# newest[(grid name, host key)]: the newest series of each grid on each host
-Newest = dict[tuple[str, str], list[RunArtifact]]
+Newest = analysis.Newest
 
 
-def newest_series(runs: dict[str, list[RunArtifact]]) -> Newest:
-    return {(name, key): _series(host_arts) for name, arts in runs.items() for key, host_arts in by_host(arts).items()}
 
 
 def ceiling_section(calibrations: list, newest: Newest) -> list[dict]:
@@ -353,7 +310,7 @@ def _speed_of(newest: Newest, host: str, engine: str, form: str, threads: int) -
 def fidelity_section(name: str, all_arts: list, newest: Newest) -> dict:
     """The newest result of each build (and cross-engine pair) of a fidelity grid on one host (`all_arts`
     are that host's), beside its speed on the same host."""
-    arts = _series(all_arts)
+    arts = analysis.newest_series(all_arts)
     latest = max(arts, key=lambda a: a.timing.end)
     by_build: dict[tuple, Any] = {}
     for a in sorted(arts, key=lambda a: a.timing.end):
@@ -398,17 +355,51 @@ def plot_names(section: dict) -> list[str]:
     return names
 
 
-def write_plots(sections: list[dict], out_dir: Path) -> list[Path]:
-    """Draw exactly the plots the markdown names (plot_names)."""
-    from harness import plots
-    draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep}
-    written = []
+PLOT_HASHES = "plots.json"  # beside the plots: each plot's name -> the sha256 of the data it was drawn from
+
+
+def _plot_data_hash(sec: dict, name: str) -> str:
+    """What a plot shows: its section's identity and every row figure it draws (not the markdown text)."""
+    keys = ("metric", "unit")
+    rows = [(t["metric"], r["arm"], r["cell_short"], r["threads"], r["median_value"], list(r["median_ci"]),
+             r.get("ratio_value"), list(r.get("ci", ())), r["verdict"]) for t in sec["tables"] for r in t["rows"]]
+    blob = json.dumps({"name": name, "title": [sec["name"], sec["host_key"], sec["baseline"]],
+                       "tables": [[t[k] for k in keys] for t in sec["tables"]], "rows": rows,
+                       "plots_code": _plots_code_hash()}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _plots_code_hash() -> str:
+    return hashlib.sha256((Path(__file__).parent / "plots.py").read_bytes()).hexdigest()[:16]
+
+
+def write_plots(sections: list[dict], out_dir: Path) -> tuple[list[Path], list[Path]]:
+    """Draw the plots the markdown names (plot_names) whose data changed since they were drawn (the hash of
+    their data is recorded in plots.json beside them); matplotlib is imported only when one must be drawn.
+    (drawn, unchanged)."""
+    record_path = out_dir / PLOT_HASHES
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        record = {}
+    drawn, kept, new_record = [], [], {}
     for sec in sections:
         for name in sec["plots"]:
+            h = _plot_data_hash(sec, name)
+            new_record[name] = h
+            if record.get(name) == h and (out_dir / name).exists():
+                kept.append(out_dir / name)
+                continue
+            from harness import plots
+            draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep}
             fn = next(f for suffix, f in draw.items() if name.endswith(suffix))
             fn(sec, out_dir)
-            written.append(out_dir / name)
-    return written
+            drawn.append(out_dir / name)
+    for name in set(record) - set(new_record):  # a plot the markdown no longer names is removed
+        (out_dir / name).unlink(missing_ok=True)
+    if new_record != record:
+        record_path.write_text(json.dumps(new_record, indent=1, sort_keys=True) + "\n")
+    return drawn, kept
 
 
 def build(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> tuple[str, list[dict]]:
@@ -424,7 +415,8 @@ def build_all(store_dirs: list[str] | None = None, template: str = "results.md.j
                 raise UserError(str(d), "--store: no such store directory", "pass the folder that holds <grid>/<id>.json")
     store_dirs = [str(d) for d in store_dirs] if store_dirs else ["artifacts", "baselines"]
     c = collect([d for d in store_dirs if Path(d).exists()])
-    newest = newest_series(c.runs)  # each speed grid's newest series per host, once
+    newest = analysis.newest_by_grid_and_host(c.runs)  # each speed grid's newest series per host, once
+    gates = analysis.fidelity_gates([a for arts in c.fidelity.values() for a in arts])
     fsections = [fidelity_section(name, host_arts, newest)
                  for name, arts in c.fidelity.items() for host_arts in by_host(arts).values()]
     ceiling = ceiling_section(c.calibrations, newest)
@@ -432,7 +424,7 @@ def build_all(store_dirs: list[str] | None = None, template: str = "results.md.j
     for name, arts in c.runs.items():
         groups = by_host(arts)
         for key, host_arts in groups.items():
-            sec = grid_section(name, host_arts, c.where)
+            sec = grid_section(name, host_arts, c.where, gates)
             sec["n_hosts"] = len(groups)
             sec["plots"] = plot_names(sec)
             sections.append(sec)
@@ -516,7 +508,7 @@ README_END = "<!-- published:end -->"
 
 
 def _short_verdict(v: str) -> str:
-    return v.split(":")[0].split(" (")[0] if v else ""
+    return v.split(":")[0].split(" (")[0] if v else "no verdict"
 
 
 def pivot(section: dict, metrics: tuple[str, ...] | None = None) -> list[dict]:
@@ -536,6 +528,8 @@ def pivot(section: dict, metrics: tuple[str, ...] | None = None) -> list[dict]:
             entry = r["median"]
             if "ci" in r:
                 entry += f" ({r['ratio_value']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}], {_short_verdict(r['verdict'])})"
+            elif "ratio_value" in r:
+                entry += f" ({r['ratio_value']:.2f}x, no interval: {_short_verdict(r['verdict'])})"
             cells.setdefault(r["cell_short"] or r["cell"].replace("batch=1,", ""), {})[r["arm"]] = entry
         out.append({"metric": t["metric"], "unit": t["unit"], "arms": arms,
                     "rows": [{"cell": c, "entries": [v.get(a, "-") for a in arms]}

@@ -80,11 +80,12 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
     model_block, weights = _model_block(spec, form)
     threads = _threads(spec, arm, run.cell.params)
     cpus = arm.cpus or list(range(threads))
-    before = files_residency(weights)
+    observe = arm.observe != "bare"
+    before = files_residency(weights) if observe else {}
     span = provenance.Span()
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{run.run_key}-", dir=workroot))
     ctx = RunContext(spec=spec, run=run, arm=arm, threads=threads, cpus=cpus, workdir=workdir, timeout_s=spec.timeout_s,
-                     store_root=store_root)
+                     store_root=store_root, observe=observe)
     try:
         res: EngineResult = engine.run(ctx, form)
     except UserError:
@@ -93,8 +94,8 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
         from harness.engines.base import failed
         res = failed("failed", f"{type(e).__name__}: {e}", [], {})
     host, timing = span.finish()
-    after = files_residency(weights)
-    page_cache = "none" if not before else (
+    after = files_residency(weights) if observe else {}
+    page_cache = "not observed (arm observe: bare)" if not observe else "none" if not before else (
         "warm" if all(v["resident_bytes"] >= 0.99 * v["total_bytes"] for v in before.values()) else
         "cold" if all(v["resident_bytes"] == 0 for v in before.values()) else "partial")
     p = run.cell.params
@@ -106,7 +107,8 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
         "stderr_tail": res.stderr_tail,
         "grid": {"path": spec.path, "sha256": spec.sha256, "name": spec.name, "cell": run.cell.id,
                  "cell_params": p, "arm": arm.name, "pass_index": run.pass_index, "position": run.position,
-                 "order": spec.order, "seed": spec.seed, "run_key": run.run_key, "baseline_arm": spec.baseline},
+                 "order": spec.order, "seed": spec.seed, "run_key": run.run_key, "baseline_arm": spec.baseline,
+                 "primary": spec.primary},
         "model": model_block,
         "engine": engine_block,
         "harness": provenance.harness_info(),
@@ -115,7 +117,7 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
                       if arm.numa is not None else "default (no numa option)",
                       "env": {**provenance.relevant_env(), **res.env}, "requested": res.requested,
                       "effective": res.effective, "compile_cache": res.compile_cache, "eager": res.eager,
-                      "command": [str(c) for c in res.command]},
+                      "command": [str(c) for c in res.command], "observe": arm.observe},
         "workload": {"prompt_len": p["prompt_len"], "context_len": p["context_len"], "gen_len": p["gen_len"],
                      "batch": p.get("batch", 1), "warmups": spec.warmups, "repetitions": spec.repetitions,
                      "prompt_token_hash": res.prompt_token_hash},

@@ -105,20 +105,31 @@ def plan_rows(runs: list[RunSpec]) -> list[dict]:
 
 
 def passes_warning(spec: GridSpec) -> str | None:
-    """Whether the grid's passes can reach a verdict at all over its comparisons (before anything runs)."""
+    """Whether the grid's passes can reach a verdict at all over its family of comparisons (before anything
+    runs): every verdict the grid gives (its declared primaries, or all), Bonferroni over them."""
     from harness import stats
-    m = len(expand(spec)) * (len(spec.arms) - 1)
+    from harness.grid import family
+    m = len(family(spec))
     if m == 0 or stats.reachable(spec.passes, m):
         return None
-    need = next(n for n in range(1, 64) if stats.reachable(n, m))
-    return (f"warning: {spec.passes} passes can never reach p<{stats.ALPHA} with a paired signed-rank test over {m} "
-            f"Holm-corrected comparison(s) per metric; the report will say 'undetermined'. Use passes: {need} or more")
+    scope = "declared primary" if spec.primary else "every"
+    return (f"warning: {spec.passes} passes can never give a verdict: the family is {scope} comparison of the grid "
+            f"({m}), each interval at 1 - {stats.ALPHA}/{m}, which a signed-rank interval over {spec.passes} passes "
+            f"cannot reach; the report will say 'undetermined'. Use passes: {stats.passes_needed(m)} or more"
+            + ("" if spec.primary else ", or declare the grid's primary comparisons (primary: {metrics: [...]})"))
 
 
 def format_plan(spec: GridSpec, runs: list[RunSpec]) -> str:
     cells = expand(spec)
     lines = [f"grid {spec.name} ({spec.path}, sha256 {spec.sha256[:12]}): {len(cells)} cells x "
              f"{len(spec.arms)} arms x {spec.passes} passes = {len(runs)} runs, order {spec.order}, seed {spec.seed}"]
+    from harness import stats
+    from harness.grid import family
+    m = len(family(spec))
+    if m:
+        lines.append(f"family: {m} comparison(s) given verdicts ({'declared primaries' if spec.primary else 'all'}), "
+                     f"each interval at {stats.level_text(1 - stats.ALPHA / m)} (Bonferroni); "
+                     f"{stats.passes_needed(m)} passes needed for a verdict")
     warn = passes_warning(spec)
     if warn:
         lines.append(warn)

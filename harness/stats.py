@@ -1,18 +1,25 @@
-"""Paired A/B statistics over interleaved passes: per-pass ratios, bootstrap CI, paired test, verdict.
+"""Paired A/B statistics over interleaved passes: one interval per comparison, and the verdict read from it.
 
-scipy does the tests; everything is seeded, so the same store always gives the same numbers.
+Each comparison is the per-pass log ratio arm/baseline. The effect is its Hodges-Lehmann estimate
+(the median of the Walsh averages), reported as a ratio; its interval is the exact Wilcoxon
+signed-rank interval (order statistics of the Walsh averages) at the family's level. The verdict
+reads from that one interval (it excludes 1: better or worse), so test and interval agree by
+construction. The family is every verdict a grid gives (or its declared primaries): Bonferroni,
+each interval at 1 - alpha/m. Where n passes cannot give an interval at that level, none is
+printed. Everything is exact or seeded: the same store always gives the same numbers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
-from scipy import stats as sps
 
 ALPHA = 0.05
-BOOT_SEED = 20261129
-BOOT_N = 2000
+POWER = 0.80
+POWER_SEED = 20261130
+POWER_SIMS = 2000
 
 
 @dataclass(frozen=True)
@@ -29,22 +36,41 @@ class Summary:
         return self.q3 - self.q1
 
 
+def run_value(samples: list[float]) -> float:
+    """The value of one run: the median of its repetitions (the same number np.percentile(.., 50) gives)."""
+    import statistics
+    return float(statistics.median(samples))
+
+
 def summarize(values: list[float]) -> Summary:
     a = np.asarray(values, dtype=float)
     q1, med, q3 = np.percentile(a, [25, 50, 75])
     return Summary(n=len(a), median=float(med), q1=float(q1), q3=float(q3), lo=float(a.min()), hi=float(a.max()))
 
 
-@dataclass(frozen=True)
-class Comparison:
-    n_pairs: int
-    ratio_median: float
-    ci_low: float
-    ci_high: float
-    p_value: float | None
-    p_adjusted: float | None
-    min_detectable: float | None
-    warnings: tuple[str, ...]
+# --- the exact signed-rank distribution -------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def signed_rank_cdf(n: int) -> np.ndarray:
+    """P(T+ <= t) for t = 0..n(n+1)/2 under the null (no ties): the exact distribution of the
+    Wilcoxon signed-rank statistic, by counting subsets of {1..n} with each rank sum."""
+    m = n * (n + 1) // 2
+    counts = np.zeros(m + 1, dtype=object)  # exact integers: 2^n overflows float precision past n ~ 50
+    counts[0] = 1
+    for k in range(1, n + 1):
+        counts[k:] = counts[k:] + counts[:-k].copy() if k <= m else counts[k:]
+    total = 2 ** n
+    return np.array([float(c) for c in np.cumsum(counts)]) / total
+
+
+def critical_k(n: int, alpha: float) -> int | None:
+    """The largest k with P(T+ <= k) <= alpha/2, or None when even k = 0 exceeds it (n too small to
+    give a (1 - alpha) interval: 2 / 2^n > alpha)."""
+    if n < 1:
+        return None
+    cdf = signed_rank_cdf(n)
+    ks = np.nonzero(cdf <= alpha / 2 + 1e-15)[0]
+    return int(ks[-1]) if len(ks) else None
 
 
 def min_possible_p(n: int) -> float:
@@ -52,66 +78,172 @@ def min_possible_p(n: int) -> float:
     return 2.0 / (2 ** n) if n > 0 else 1.0
 
 
-def median_ci(values: np.ndarray) -> tuple[float, float]:
-    """Percentile bootstrap 95% CI of the median (seeded)."""
-    if len(values) < 2 or np.all(values == values[0]):
-        return float(np.median(values)), float(np.median(values))
-    res = sps.bootstrap((values,), np.median, n_resamples=BOOT_N, confidence_level=1 - ALPHA,
-                        method="percentile", random_state=np.random.default_rng(BOOT_SEED))
-    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    med = float(np.median(values))
-    return min(lo, med), max(hi, med)  # a percentile interval of the median always holds the median
+def reachable(n_pairs: int, m_comparisons: int = 1) -> bool:
+    """Whether n paired passes can give a verdict at all in a family of m (an interval at 1 - alpha/m)."""
+    return critical_k(n_pairs, ALPHA / max(1, m_comparisons)) is not None
 
 
-def compare(arm: list[float], base: list[float]) -> Comparison:
-    """Arm vs baseline, paired by pass: ratio arm/base per pass."""
+def passes_needed(m_comparisons: int) -> int:
+    return next(n for n in range(1, 64) if reachable(n, m_comparisons))
+
+
+def walsh(x: np.ndarray) -> np.ndarray:
+    """The sorted Walsh averages (x_i + x_j) / 2, i <= j."""
+    i, j = np.triu_indices(len(x))
+    return np.sort((x[i] + x[j]) / 2)
+
+
+def signed_rank_p(x: np.ndarray) -> float:
+    """Exact two-sided signed-rank p-value of x against 0, from the same distribution as the interval
+    (T+ = the number of positive Walsh averages, zeros counted half)."""
+    n = len(x)
+    w = walsh(x)
+    t_lo = int(np.sum(w > 0))  # T+ rounded down: a zero average counts against rejecting
+    t_hi = int(np.sum(w >= 0))
+    cdf = signed_rank_cdf(n)
+    m = n * (n + 1) // 2
+    p_low = cdf[t_hi]  # P(T+ <= t)
+    p_high = 1.0 - (cdf[t_lo - 1] if t_lo > 0 else 0.0)  # P(T+ >= t)
+    return float(min(1.0, 2 * min(p_low, p_high))) if m else 1.0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    n_pairs: int
+    ratio: float  # exp(Hodges-Lehmann estimate of the log ratio)
+    ci_low: float | None  # None: n too small for an interval at this level
+    ci_high: float | None
+    level: float  # the stated level of the interval (1 - alpha/m)
+    achieved: float | None  # its exact level (>= the stated one)
+    p_value: float  # exact signed-rank, unadjusted
+    p_adjusted: float  # Bonferroni over the family: min(1, m p)
+    m_family: int
+    detectable: float | None  # effect detectable with 80% power at this n and spread (ratio - 1, +/-)
+    warnings: tuple[str, ...]
+
+    @property
+    def has_interval(self) -> bool:
+        return self.ci_low is not None
+
+    # Backwards-compatible names
+    @property
+    def ratio_median(self) -> float:
+        return self.ratio
+
+
+def interval(logs: np.ndarray, alpha: float) -> tuple[float, float | None, float | None, float | None]:
+    """(Hodges-Lehmann estimate, low, high, achieved level) of the centre of the log ratios; low/high
+    None when n is too small for a (1 - alpha) interval."""
+    w = walsh(logs)
+    est = float(np.median(w))
+    n, m = len(logs), len(w)
+    k = critical_k(n, alpha)
+    if k is None:
+        return est, None, None, None
+    achieved = 1 - 2 * float(signed_rank_cdf(n)[k])
+    return est, float(w[k]), float(w[m - 1 - k]), achieved
+
+
+def detectable_effect(logs: np.ndarray, alpha: float, power: float = POWER) -> float | None:
+    """The smallest shift of the log ratio that a (1 - alpha) signed-rank test detects with `power`, at
+    this n and the observed spread: residuals about the estimate, resampled with random signs, shifted,
+    tested (seeded simulation). None when no verdict is reachable at all at this n."""
+    n = len(logs)
+    k = critical_k(n, alpha)
+    if k is None:
+        return None
+    m = n * (n + 1) // 2
+    resid = logs - float(np.median(walsh(logs)))
+    scale = float(np.max(np.abs(resid)))
+    if scale == 0:
+        return 0.0
+    rng = np.random.default_rng(POWER_SEED)
+    draws = rng.choice(resid, size=(POWER_SIMS, n)) * rng.choice([-1.0, 1.0], size=(POWER_SIMS, n))
+    i, j = np.triu_indices(n)
+
+    def power_at(shift: float) -> float:
+        x = draws + shift
+        t = np.sum((x[:, i] + x[:, j]) > 0, axis=1)
+        return float(np.mean((t <= k) | (t >= m - k)))
+    lo, hi = 0.0, scale
+    while power_at(hi) < power:  # grow until detected (the shift dominates the noise eventually)
+        hi *= 2
+        if hi > 50:
+            return None
+    for _ in range(14):  # to 1/16000 of the search range: finer than any figure printed
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if power_at(mid) < power else (lo, mid)
+    return float(np.expm1(hi))
+
+
+def compare(arm: list[float], base: list[float], m_family: int = 1) -> Comparison:
+    """Arm vs baseline, paired by pass (ratio arm/base per pass), in a family of m verdicts."""
     a, b = np.asarray(arm, float), np.asarray(base, float)
-    ratios = a / b
-    n = len(ratios)
-    med = float(np.median(ratios))
-    lo, hi = median_ci(ratios)
+    logs = np.log(a / b)
+    n = len(logs)
+    m_family = max(1, m_family)
+    alpha = ALPHA / m_family
+    est, lo, hi, achieved = interval(logs, alpha)
+    p = signed_rank_p(logs) if n else 1.0
     warnings = []
-    p = None
-    if n >= 1 and not np.all(ratios == 1.0):
-        logs = np.log(ratios)
-        if np.all(logs == 0):
-            p = 1.0
-        else:
-            p = float(sps.wilcoxon(logs, alternative="two-sided", method="exact" if n <= 25 else "auto").pvalue)
+    ratios = np.exp(logs)
     spread = float(np.percentile(ratios, 75) - np.percentile(ratios, 25)) if n > 1 else 0.0
     if spread > 0.10:
         warnings.append(f"per-pass ratios spread widely (IQR {spread:.2f}); check host load, add passes")
-    # the smallest effect these passes could detect: half-width of the CI around the median ratio
-    mde = (hi - lo) / 2 if n >= 2 else None
-    return Comparison(n_pairs=n, ratio_median=med, ci_low=lo, ci_high=hi, p_value=p, p_adjusted=p,
-                      min_detectable=mde, warnings=tuple(warnings))
+    # the power figure is what a "no difference" verdict says; only such comparisons (interval holding 0) need it
+    null_inside = lo is not None and hi is not None and lo <= 0.0 <= hi
+    return Comparison(n_pairs=n, ratio=float(np.exp(est)), ci_low=None if lo is None else float(np.exp(lo)),
+                      ci_high=None if hi is None else float(np.exp(hi)), level=1 - alpha, achieved=achieved,
+                      p_value=p, p_adjusted=min(1.0, p * m_family), m_family=m_family,
+                      detectable=detectable_effect(logs, alpha) if null_inside else None, warnings=tuple(warnings))
 
 
-def reachable(n_pairs: int, m_comparisons: int = 1) -> bool:
-    """Whether n paired passes can reach significance after Holm over m comparisons at all."""
-    return min_possible_p(n_pairs) * max(1, m_comparisons) <= ALPHA
-
-
-def verdict(c: Comparison, higher_is_better: bool, m_comparisons: int = 1) -> str:
-    if not reachable(c.n_pairs, m_comparisons):
-        return f"undetermined: {c.n_pairs} passes cannot reach p<{ALPHA} over {m_comparisons} comparison(s)"
-    p = c.p_adjusted
-    if p is None or p >= ALPHA or (c.ci_low <= 1.0 <= c.ci_high):
-        mde = f" (smallest detectable ~{c.min_detectable * 100:.0f}%)" if c.min_detectable else ""
-        return f"no difference detected{mde}"
-    better = (c.ratio_median > 1) == higher_is_better
+def verdict(c: Comparison, higher_is_better: bool) -> str:
+    """Read from the comparison's one interval: it excludes 1 (better or worse), or it does not."""
+    if not c.has_interval:
+        return (f"undetermined: {c.n_pairs} passes cannot give a {level_text(c.level)} interval "
+                f"(family of {c.m_family}); run at least {passes_needed(c.m_family)} passes")
+    assert c.ci_low is not None and c.ci_high is not None
+    if c.ci_low <= 1.0 <= c.ci_high:
+        power = "" if c.detectable is None else f" (80% power to detect +/-{c.detectable * 100:.0f}%)"
+        return f"no difference detected{power}"
+    better = (c.ratio > 1) == higher_is_better
     return "better" if better else "worse"
 
 
-def holm(pvalues: list[float | None]) -> list[float | None]:
-    """Holm-Bonferroni adjusted p-values, None left as None."""
-    idx = [i for i, p in enumerate(pvalues) if p is not None]
-    ps = sorted(((pvalues[i], i) for i in idx), key=lambda t: t[0])  # type: ignore[arg-type, return-value]
-    m = len(ps)
-    out: list[float | None] = list(pvalues)
-    running = 0.0
-    for k, (p, i) in enumerate(ps):
-        adj = min(1.0, (m - k) * p)
-        running = max(running, adj)
-        out[i] = running
-    return out
+def level_text(level: float) -> str:
+    pct = level * 100
+    return f"{pct:.1f}%" if round(pct, 1) != round(pct) else f"{pct:.0f}%"
+
+
+def order_statistic_ci(values: np.ndarray, alpha: float = ALPHA) -> tuple[float, float] | None:
+    """Exact distribution-free (1 - alpha) interval of a median: order statistics whose binomial
+    coverage is at least 1 - alpha. None when n is too small (n < 6 at 95%)."""
+    from math import comb
+    x = np.sort(np.asarray(values, float))
+    n = len(x)
+    best = None
+    tail = 0
+    for j in range(n // 2):  # interval [x_(j+1), x_(n-j)], 1-based; P(Binomial(n, 1/2) <= j) on each side
+        tail += comb(n, j)
+        if 1 - 2 * tail / 2 ** n >= 1 - alpha:
+            best = (float(x[j]), float(x[n - 1 - j]))
+        else:
+            break
+    return best
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact binomial interval of a rate k/n."""
+    from scipy.special import betaincinv
+    a = 1 - level
+    lo = 0.0 if k == 0 else float(betaincinv(k, n - k + 1, a / 2))
+    hi = 1.0 if k == n else float(betaincinv(k + 1, n - k, 1 - a / 2))
+    return lo, hi
+
+
+def median_ci(values: np.ndarray) -> tuple[float, float]:
+    """Band for plots: the exact 95% order-statistic interval of the median, or the range when n is too
+    small for one (drawn, never printed as an interval)."""
+    ci = order_statistic_ci(values)
+    return ci if ci is not None else (float(np.min(values)), float(np.max(values)))

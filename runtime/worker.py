@@ -71,11 +71,15 @@ def run(cfg: dict) -> dict:
     t0 = time.time()
     llm = _llm(cfg)
     t_loaded = time.time()
-    after_load = {}
+    after_load: dict = {"status": "not observed (arm observe: bare)"}
     try:
+        if not cfg.get("observe", True):
+            raise LookupError("not observed")
         from harness.residency import file_residency, smaps_rollup
         after_load = {"files": {f: file_residency(os.path.join(model_dir, f)) for f in cfg.get("weight_files", [])},
                       "memory": smaps_rollup(os.getpid()), "status": "ok"}
+    except LookupError:
+        pass
     except Exception as e:  # residency is provenance, not a reason to lose the run
         after_load = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
     engine = llm.llm_engine

@@ -77,7 +77,7 @@ def test_resume_never_counts_another_hosts_runs(write_grid, tmp_path, monkeypatc
 
 def test_report_renders_one_series_per_host_and_never_pairs_across(write_grid, tmp_path, monkeypatch):
     from conftest import COMMAND_GRID
-    g = write_grid(COMMAND_GRID)
+    g = write_grid(COMMAND_GRID.replace("passes: 4", "passes: 6"))  # 6 passes: one comparison gets an interval
     with monkeypatch.context() as m:
         other = other_machine()
         m.setattr(provenance, "_host_static", lambda: other)
@@ -94,7 +94,7 @@ def test_report_renders_one_series_per_host_and_never_pairs_across(write_grid, t
     assert set(by_key) == {me, other["key"]}
     row_other = next(r for r in by_key[other["key"]]["tables"][0]["rows"] if r["arm"] == "b")
     row_me = next(r for r in by_key[me]["tables"][0]["rows"] if r["arm"] == "b")
-    assert "ci" in row_other and row_other["n"].startswith("4 runs")
+    assert "ci" in row_other and row_other["n"].startswith("6 runs")
     assert row_me["ratio"] == "no paired baseline" and "ci" not in row_me
     assert f"## cmd on host `{me}`" in text and f"## cmd on host `{other['key']}`" in text
     assert f"{me}-ratios.png" not in text and f"cmd-{other['key']}-ratios.png" in text

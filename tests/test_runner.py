@@ -120,3 +120,38 @@ def test_second_run_of_same_grid_is_refused(write_grid, tmp_path):
         runner.run(str(g), store_root=tmp_path / "st")
     held.close()
     assert runner.run(str(g), store_root=tmp_path / "st").done == 8
+
+
+def test_a_bare_arm_runs_without_observers_and_says_so(write_grid, tmp_path, cli):
+    g = write_grid("""
+        name: bare
+        arms:
+          - {name: bare, engine: command, observe: bare, options: {cmd: "sleep 0.3"}}
+          - {name: observed, engine: command, options: {cmd: "sleep 0.3"}}
+        workload: {prompt_len: 1, context_len: 1, gen_len: 1}
+        threads: 1
+        passes: 2
+        repetitions: 1
+        warmups: 0
+    """)
+    runner.run(str(g), store_root=tmp_path / "st")
+    arts = {a.grid.arm: a for a in _arts(tmp_path / "st", "bare")}
+    assert arts["bare"].execution.observe == "bare" and arts["observed"].execution.observe == "full"
+    assert arts["bare"].residency.peak_memory["status"].startswith("not observed")
+    assert arts["observed"].residency.peak_memory.get("samples", 0) > 0  # the poller ran
+    rc, out, _ = cli("check", tmp_path / "st", "--no-model-hashes")
+    # a bare run lacks residency by design: check accepts it (a dirty development tree aside)
+    assert rc == 0 or all(": harness.dirty:" in line for line in out.splitlines()), out
+    g.write_text(g.read_text().replace("observe: bare", "observe: sometimes"))
+    rc, _, err = cli("plan", g)
+    assert rc == 2 and "observe" in err and "bare" in err
+
+
+def test_primary_comparisons_are_validated_at_plan(write_grid, cli):
+    from conftest import COMMAND_GRID
+    g = write_grid(COMMAND_GRID + "primary: {metrics: [decode_tok_s]}\n")
+    rc, _, err = cli("plan", g)
+    assert rc == 2 and "primary.metrics" in err and "wall_s" in err
+    g.write_text(COMMAND_GRID.replace("passes: 4", "passes: 6") + "primary: {metrics: [wall_s], arms: [b]}\n")
+    rc, out, _ = cli("plan", g)
+    assert rc == 0 and "family: 1 comparison(s)" in out and "6 passes needed" in out

@@ -149,8 +149,12 @@ def test_auto_core_and_eager_take_the_least_measured_cost():
 
 def test_measured_costs_come_from_the_published_runtime_startup_series():
     from harness.engines.vllm import measured_costs
-    costs = measured_costs()
+    from harness.paths import PROJECT_ROOT
+    from harness.store import load_path
+    published = load_path(next((PROJECT_ROOT / "artifacts" / "runtime-startup").glob("*.json"))).host.key
+    costs = measured_costs(host_key=published)  # the host that measured the published series
     assert costs is not None, "artifacts/runtime-startup/ is part of the published store"
+    assert costs["host"] == published
     c = costs["configs"]
     assert {("inprocess", True), ("inprocess", False), ("multiprocess", True)} <= set(c)
     # what the runtime's defaults rest on: in-process eager starts fastest

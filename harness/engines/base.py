@@ -29,6 +29,11 @@ class RunContext:
     workdir: Path
     timeout_s: float
     store_root: Path | None = None  # the store the run writes to: lookups of other artifacts read it, per host
+    observe: bool = True  # False (arm observe: bare): no memory poller during the run, no residency scans
+
+    @property
+    def poll_s(self) -> float | None:
+        return 0.25 if self.observe else None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -93,13 +98,13 @@ def affinity_prefix(cpus: list[int] | None, numa: int | None) -> list[str]:
 
 
 def run_process(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path | None = None,
-                poll_s: float = 0.25) -> ProcResult:
+                poll_s: float | None = 0.25) -> ProcResult:
     """Run one process (its own session, so a timeout kills the whole tree), watching peak memory."""
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
                             start_new_session=True, text=True, errors="replace")
     timed_out = False
-    with PeakMemory(proc.pid, poll_s) as pm:
+    with (PeakMemory(proc.pid, poll_s) if poll_s else _NotObserved()) as pm:
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -111,6 +116,19 @@ def run_process(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path
             proc.communicate()
             raise
     return ProcResult(proc.returncode, out, err, timed_out, pm.result(), time.time() - t0)
+
+
+class _NotObserved:
+    """Stands in for PeakMemory when a run is not observed: no thread, no /proc reads."""
+
+    def __enter__(self) -> "_NotObserved":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def result(self) -> dict:
+        return {"status": "not observed (arm observe: bare)"}
 
 
 def tail(text: str, n: int = 40) -> str:

@@ -48,7 +48,7 @@ class Command:
         peak: dict = {"status": "unknown"}
         deadline = time.time() + ctx.timeout_s
         for i in range(ctx.spec.warmups + ctx.spec.repetitions):
-            r = run_process(cmd, env, max(0.1, deadline - time.time()), poll_s=0.05)
+            r = run_process(cmd, env, max(0.1, deadline - time.time()), poll_s=0.05 if ctx.observe else None)
             if r.peak_memory.get("rss_bytes", 0) >= peak.get("rss_bytes", 0):
                 peak = r.peak_memory
             if r.timed_out:

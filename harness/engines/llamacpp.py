@@ -78,7 +78,7 @@ class LlamaCpp(ModelEngine):
         for name, args in tests.items():
             cmd = base + args
             commands.append(cmd)
-            r = run_process(cmd, env, ctx.timeout_s)
+            r = run_process(cmd, env, ctx.timeout_s, poll_s=ctx.poll_s)
             peaks.append(r.peak_memory)
             if r.timed_out:
                 return failed("timeout", f"llama-bench {name} exceeded {ctx.timeout_s:.0f} s", cmd, env_rec, r.stderr,

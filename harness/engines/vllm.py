@@ -164,9 +164,9 @@ class Vllm(ModelEngine):
                "dtype": opts.get("dtype", FORM_DTYPE.get(form, "float32")), "eager": bool(opts.get("eager", True)),
                "kv_cache_memory_bytes": opts.get("kv_cache_memory_bytes"), "warmups": ctx.spec.warmups,
                "repetitions": ctx.spec.repetitions, "weight_files": weight_files,
-               "engine_core": opts.get("engine_core", "inprocess")}
+               "engine_core": opts.get("engine_core", "inprocess"), "observe": ctx.observe}
         # Per-arm compile cache keyed by the full effective config: arms never load each other's graphs.
-        key = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k not in ("repetitions", "warmups")},
+        key = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k not in ("repetitions", "warmups", "observe")},
                                         sort_keys=True).encode()).hexdigest()[:16]
         cdir = cache_root() / "compile" / key
         state = "warm" if cdir.exists() and any(cdir.iterdir()) else "cold"
@@ -182,7 +182,7 @@ class Vllm(ModelEngine):
             sys.executable, "-m", "runtime.worker", str(cfg_path), str(out_path)]
         info = self.engine_info()
         requested = {**cfg, **{k: v for k, v in ctx.arm.options.items()}}
-        r = run_process(cmd, env, ctx.timeout_s)
+        r = run_process(cmd, env, ctx.timeout_s, poll_s=ctx.poll_s)
         if r.timed_out:
             return failed("timeout", f"vLLM worker exceeded {ctx.timeout_s:.0f} s", cmd, arm_env, r.stderr, info,
                           requested, r.peak_memory)
