@@ -379,9 +379,13 @@ class FidelityRun:
 
 def _find_reference(refs: Store, g: FidelityGrid, engine: str, form: str, eng: dict, model_files: list,
                     prompts: PromptSet, out) -> Any | None:
+    """This host's newest matching reference: another machine's greedy outputs are never this machine's
+    reference (numerics differ by ISA)."""
+    from harness.provenance import current_host_key
+    host = current_host_key()
     for p in reversed(list(refs.iter_paths(g.name))):
         a = load_path(p)
-        if a.kind != "reference" or a.engine.name != engine or a.model.form != form:
+        if a.kind != "reference" or a.engine.name != engine or a.model.form != form or a.host.key != host:
             continue
         why = reference_mismatch(a, {"id": a.id, "model_sha256": [f["sha256"] for f in model_files]}, prompts.ref, eng)
         if a.decoding.gen_len != g.gen_len or a.decoding.top_k != g.top_k:
