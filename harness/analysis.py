@@ -172,7 +172,7 @@ class SeriesAnalysis:
     warnings: list[str]
 
 
-def analyse(arts: list, gates: dict[tuple, Any] | None = None) -> SeriesAnalysis:
+def analyse(arts: list, gates: dict[tuple, Any] | None = None, power: bool = True) -> SeriesAnalysis:
     """Pair one series' runs by pass, compare each arm with the baseline, and read each verdict from its one
     interval at the family's level. The family: every comparison, or the grid's declared primaries."""
     gates = gates or {}
@@ -225,16 +225,18 @@ def analyse(arts: list, gates: dict[tuple, Any] | None = None) -> SeriesAnalysis
                         row.role = "family" if in_family(primary, metric, arm, params) else "exploratory"
                         pending.append((row, [value(per_pass[p], metric) for p in common],
                                         [value(base_runs[p], metric) for p in common]))
-                        g, gb = gate(r0, gates), gate(next(iter(base_runs.values())), gates)
-                        row.fidelity = g if g != "pass" else ("pass" if gb in ("pass", "n/a") else f"{gb} (baseline)")
-                        if g == "n/a":
-                            row.fidelity = "n/a"
+                        b0 = next(iter(base_runs.values()))
+                        g, gb = gate(r0, gates), gate(b0, gates)
+                        if g == "n/a" or fidelity_key(r0) == fidelity_key(b0):
+                            row.fidelity = "n/a"  # no model, or the same build on both sides: outputs cannot differ
+                        else:
+                            row.fidelity = g if g != "pass" else ("pass" if gb in ("pass", "n/a") else f"{gb} (baseline)")
                 rows.append(row)
     m = sum(1 for r, _, _ in pending if r.role == "family")
     for row, a_vals, b_vals in pending:
         # exploratory estimates get a plain 95% interval, family members the family's level
         row.pairs = (a_vals, b_vals)
-        row.comparison = stats.compare(a_vals, b_vals, m if row.role == "family" else 1)
+        row.comparison = stats.compare(a_vals, b_vals, m if row.role == "family" else 1, power)
     warnings = sorted({w for r in rows if r.comparison for w in r.comparison.warnings})
     warnings += mixed_builds(ok)
     n_dup = sum(dup.values())
@@ -275,7 +277,7 @@ def between_series(host_arts: list, metrics: tuple[str, ...] = ("decode_tok_s", 
         return []
     per: list[tuple[str, dict]] = []
     for s in series:
-        an = analyse(s)
+        an = analyse(s, power=False)
         n_pass = len({a.grid.pass_index for a in s})
         label = f"{min(a.timing.start for a in s)[:10]} (`{s[0].grid.sha256[:12]}`), {n_pass} passes"
         per.append((label, {(r.cell, r.arm, r.metric): r for r in an.rows}))
@@ -290,7 +292,7 @@ def between_series(host_arts: list, metrics: tuple[str, ...] = ("decode_tok_s", 
             ratio = ratio_ci = None
             if r.pairs is not None:
                 # the plain 95% interval of this series alone (not the family's level): comparable across series
-                c = stats.compare(*r.pairs, 1)
+                c = stats.compare(*r.pairs, 1, power=False)
                 ratio, ratio_ci = c.ratio, ((c.ci_low, c.ci_high) if c.has_interval else None)
             figs.append(SeriesFigure(label=label, median=r.summary.median,
                                      median_ci=stats.order_statistic_ci(np.asarray(r.values)), ratio=ratio,

@@ -26,11 +26,16 @@ from harness.store import Store
 
 BANDWIDTH_BYTES = 1 << 30
 MATMUL_N = 2048
+# Without bf16 compute (no AVX512-BF16 / AMX), torch emulates bf16 matmul two orders of magnitude slower
+# than fp32: a 2048^2 product then takes minutes per repetition. Such hosts measure bf16 at 512^2.
+MATMUL_N_EMULATED_BF16 = 512
 DEFINITIONS = {
     "read_bandwidth_gb_s": f"torch.sum over a {BANDWIDTH_BYTES >> 20} MiB fp32 tensor: bytes read / wall time, "
                            "10^9 bytes per GB; one warm-up, then each repetition a sample",
     "matmul_gflop_s_fp32": f"torch.mm of two {MATMUL_N}x{MATMUL_N} fp32 matrices: 2n^3 / wall time, 10^9 FLOP",
-    "matmul_gflop_s_bf16": f"torch.mm of two {MATMUL_N}x{MATMUL_N} bf16 matrices: 2n^3 / wall time, 10^9 FLOP",
+    "matmul_gflop_s_bf16": f"torch.mm of two nxn bf16 matrices, n = {MATMUL_N} where the CPU computes in bf16, else "
+                           f"{MATMUL_N_EMULATED_BF16} (emulated bf16; n per run in results[].matmul_n): 2n^3 / wall "
+                           "time, 10^9 FLOP",
 }
 
 
@@ -49,18 +54,22 @@ def _kernel(threads: int, reps: int) -> dict:
             samples.append(BANDWIDTH_BYTES / dt_ / 1e9)
     out["read_bandwidth_gb_s"] = samples
     del x
-    for name, dtype in (("matmul_gflop_s_fp32", torch.float32), ("matmul_gflop_s_bf16", torch.bfloat16)):
-        a = torch.randn(MATMUL_N, MATMUL_N).to(dtype)
-        b = torch.randn(MATMUL_N, MATMUL_N).to(dtype)
+    from harness.probe import cpu_info
+    sizes = {"fp32": MATMUL_N, "bf16": MATMUL_N if cpu_info().get("bf16_compute") else MATMUL_N_EMULATED_BF16}
+    for key, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        n = sizes[key]
+        a = torch.randn(n, n).to(dtype)
+        b = torch.randn(n, n).to(dtype)
         samples = []
         for i in range(reps + 1):
             t0 = time.perf_counter()
             torch.mm(a, b)
             dt_ = time.perf_counter() - t0
             if i:
-                samples.append(2 * MATMUL_N ** 3 / dt_ / 1e9)
-        out[name] = samples
-    return {"threads": threads, "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "samples": out}
+                samples.append(2 * n ** 3 / dt_ / 1e9)
+        out[f"matmul_gflop_s_{key}"] = samples
+    return {"threads": threads, "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "samples": out,
+            "matmul_n": sizes}
 
 
 def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "baselines", out=None) -> Path:

@@ -93,11 +93,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
     from harness import report
     text, sections, ctx = report.build_all(args.store)
-    readme = report.readme_text(args.readme, ctx) if args.readme else None
+    docs = [(path, report.readme_text(path, ctx)) for path in (args.readme or [])]
     if args.check:
         stale = 0
         for path, want, fix in ((args.out, text, f"harness report --out {args.out}"),
-                                *([(args.readme, readme, f"harness report --readme {args.readme}")] if readme else [])):
+                                *((p, t, f"harness report --readme {p}") for p, t in docs)):
             diff = report.check_file(path, want)
             if diff:
                 stale += 1
@@ -111,9 +111,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     drawn, kept = report.write_plots(sections, Path(args.out).parent)
     print(f"wrote {args.out}; plots: {len(drawn)} drawn, {len(kept)} unchanged (data hashes in "
           f"{Path(args.out).parent / report.PLOT_HASHES})")
-    if readme is not None:
-        Path(args.readme).write_text(readme)
-        print(f"wrote the published block of {args.readme}")
+    for path, t in docs:
+        Path(path).write_text(t)
+        print(f"wrote the generated block(s) of {path}")
     return 0
 
 
@@ -224,8 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--store", action="append", default=None)
     sr.add_argument("--out", default="reports/results.md")
     sr.add_argument("--check", action="store_true", help="exit 1 when the file on disk differs")
-    sr.add_argument("--readme", default=None, metavar="FILE",
-                    help="also render the published-results block of FILE (between its markers) from the store")
+    sr.add_argument("--readme", action="append", default=None, metavar="FILE",
+                    help="also render the generated blocks of FILE (README's published results, the docs' evidence; "
+                         "between their markers) from the store; repeatable")
 
     sh = sub.add_parser("hosts", help="the machines (host keys) that measured a store")
     sh.add_argument("--store", action="append", default=None, help="store directory (repeatable; default: "

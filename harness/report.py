@@ -500,11 +500,22 @@ def format_hosts(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# The README's published block: the grids it shows, as a pivot of medians with paired ratios.
-README_GRIDS = ("vllm-vs-llamacpp", "llamacpp-baseline", "quickstart")
-README_METRICS = ("decode_tok_s", "prefill_tok_s")
-README_BEGIN = "<!-- published:begin: rendered by `harness report --readme README.md` from the store; do not edit -->"
-README_END = "<!-- published:end -->"
+# Generated blocks in the README and the docs: each between its own markers, rendered from the store by
+# `harness report --readme FILE` and checked with --check. name -> (template, grids, metrics shown).
+BLOCKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
+    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "llamacpp-baseline", "quickstart"),
+                  ("decode_tok_s", "prefill_tok_s")),
+    "evidence": ("evidence.md.j2", ("planted-interleaved", "planted-sequential", "noise-aa", "footprint-llamacpp",
+                                    "footprint-vllm"), None),
+}
+
+
+def block_markers(name: str) -> tuple[str, str]:
+    return (f"<!-- {name}:begin: rendered from the store by `harness report --readme`; do not edit -->",
+            f"<!-- {name}:end -->")
+
+
+README_BEGIN, README_END = block_markers("published")
 
 
 def _short_verdict(v: str) -> str:
@@ -537,22 +548,36 @@ def pivot(section: dict, metrics: tuple[str, ...] | None = None) -> list[dict]:
     return out
 
 
-def readme_block(ctx: dict) -> str:
-    secs = [s for name in README_GRIDS for s in ctx["sections"] if s["name"] == name]
-    return _env().get_template("readme.md.j2").render(
-        sections=[{**s, "pivots": pivot(s, README_METRICS)} for s in secs], fidelity=ctx["fidelity"], ceilings=ctx["ceilings"],
-        hosts=ctx["hosts"], begin=README_BEGIN, end=README_END).rstrip("\n")
+def render_block(name: str, ctx: dict) -> str:
+    template, grids, metrics = BLOCKS[name]
+    begin, end = block_markers(name)
+    secs = [sec for g in grids for sec in ctx["sections"] if sec["name"] == g]
+    return _env().get_template(template).render(
+        sections=[{**sec, "pivots": pivot(sec, metrics)} for sec in secs], fidelity=ctx["fidelity"],
+        ceilings=ctx["ceilings"], hosts=ctx["hosts"], begin=begin, end=end).rstrip("\n")
 
 
 def readme_text(path: str, ctx: dict) -> str:
-    """The README with its published block replaced by what the store renders now."""
+    """The file with each generated block it holds (README's published results, the docs' evidence) replaced
+    by what the store renders now."""
     try:
         text = Path(path).read_text()
     except OSError as e:
-        raise UserError(path, f"--readme: unreadable ({e.strerror})", "pass the README that holds the markers") from None
-    if text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
-        raise UserError(path, "--readme: the published-block markers are missing or repeated",
-                        f"put one line `{README_BEGIN}` and one `{README_END}` where the block goes")
-    head, rest = text.split(README_BEGIN)
-    _, tail_ = rest.split(README_END)
-    return head + readme_block(ctx) + tail_
+        raise UserError(path, f"--readme: unreadable ({e.strerror})", "pass a README or doc that holds block markers") \
+            from None
+    found = 0
+    for name in BLOCKS:
+        begin, end = block_markers(name)
+        if begin not in text and end not in text:
+            continue
+        if text.count(begin) != 1 or text.count(end) != 1:
+            raise UserError(path, f"--readme: the {name} block's markers are incomplete or repeated",
+                            f"put one line `{begin}` and one `{end}` where the block goes")
+        head, rest = text.split(begin)
+        _, tail_ = rest.split(end)
+        text = head + render_block(name, ctx) + tail_
+        found += 1
+    if not found:
+        raise UserError(path, "--readme: no generated-block markers in this file",
+                        f"put `{README_BEGIN}` and `{README_END}` where the published block goes")
+    return text

@@ -176,8 +176,9 @@ def detectable_effect(logs: np.ndarray, alpha: float, power: float = POWER) -> f
     return float(np.expm1(hi))
 
 
-def compare(arm: list[float], base: list[float], m_family: int = 1) -> Comparison:
-    """Arm vs baseline, paired by pass (ratio arm/base per pass), in a family of m verdicts."""
+def compare(arm: list[float], base: list[float], m_family: int = 1, power: bool = True) -> Comparison:
+    """Arm vs baseline, paired by pass (ratio arm/base per pass), in a family of m verdicts. `power`: compute
+    the detectable effect where the verdict would be "no difference" (a seeded simulation)."""
     a, b = np.asarray(arm, float), np.asarray(base, float)
     logs = np.log(a / b)
     n = len(logs)
@@ -195,7 +196,7 @@ def compare(arm: list[float], base: list[float], m_family: int = 1) -> Compariso
     return Comparison(n_pairs=n, ratio=float(np.exp(est)), ci_low=None if lo is None else float(np.exp(lo)),
                       ci_high=None if hi is None else float(np.exp(hi)), level=1 - alpha, achieved=achieved,
                       p_value=p, p_adjusted=min(1.0, p * m_family), m_family=m_family,
-                      detectable=detectable_effect(logs, alpha) if null_inside else None, warnings=tuple(warnings))
+                      detectable=detectable_effect(logs, alpha) if power and null_inside else None, warnings=tuple(warnings))
 
 
 def verdict(c: Comparison, higher_is_better: bool) -> str:
