@@ -33,7 +33,7 @@ class RunContext:
 
     @property
     def poll_s(self) -> float | None:
-        return 0.25 if self.observe else None
+        return 0.5 if self.observe else None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -98,7 +98,7 @@ def affinity_prefix(cpus: list[int] | None, numa: int | None) -> list[str]:
 
 
 def run_process(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path | None = None,
-                poll_s: float | None = 0.25) -> ProcResult:
+                poll_s: float | None = 0.5) -> ProcResult:
     """Run one process (its own session, so a timeout kills the whole tree), watching peak memory."""
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,

@@ -201,8 +201,8 @@ class Vllm(ModelEngine):
         if r.peak_memory.get("rss_bytes"):
             metrics["peak_rss_mib"] = {"unit": "MiB", "samples": [r.peak_memory["rss_bytes"] / 2**20],
                                        "higher_is_better": False,
-                                       "definition": "peak RSS of the worker process tree, smaps_rollup polled every "
-                                                     f"{r.peak_memory.get('interval_s', 0.25)} s; one sample per run"}
+                                       "definition": "peak RSS of the worker process tree: the kernel's high-water "
+                                                     "mark (VmHWM, /proc/<pid>/status); one sample per run"}
         after_load = dict(res["after_load"])
         if isinstance(after_load.get("files"), dict):  # same keys as before/after_run: paths in the model dir
             after_load["files"] = {f"{form_root}/{k}": v for k, v in after_load["files"].items()}
