@@ -119,7 +119,8 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
                         "must not be added")
     warnings = sorted(set(warnings))
     # A/A: every arm ran the same engine, model form and requested configuration
-    configs = {(a.engine.name, a.model.form, json.dumps(a.execution.requested, sort_keys=True)) for a in ok}
+    configs = {(a.engine.name, a.model.form, a.execution.observe, json.dumps(a.execution.requested, sort_keys=True))
+               for a in ok}
     calibration = aa_calibration(an) if ok and len(configs) == 1 and len(an.arms) > 1 else None
     engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit, analysis.build_id(a.engine)) for a in arts})
     model_files = sorted({(a.model.form, f.path, f.sha256[:12]) for a in arts for f in a.model.files
