@@ -204,6 +204,8 @@ def collect(store_dirs: list[str]) -> Collected:
     for d in store_dirs:
         st = Store(Path(d))
         for p in st.iter_paths():
+            if p.parent.parent.name == "quality":
+                continue  # references (large): read through their fidelity artifacts, never rendered
             a = load_path(p)
             where.setdefault(a.id, str(d))
             if a.kind == "run":
