@@ -6,6 +6,7 @@ One line per problem, `path: field: reason`. Reads only; never changes a file.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -169,36 +170,62 @@ def iter_artifact_paths(paths: Iterable[str]) -> tuple[list[Path], list[str]]:
     return files, problems
 
 
+def _check_file(f: Path, verify_models: bool, allow_unknown_commit: bool) -> tuple[list[str], Any]:
+    """One file's problems, and its document when a later cross-check needs it (fidelity, reference) or its id."""
+    where = str(f)
+    try:
+        raw = f.read_bytes()
+    except OSError as e:
+        return [f"{where}: (file): unreadable: {e.strerror}"], None
+    if not raw.strip():
+        return [f"{where}: (file): empty file"], None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return [f"{where}: (file): not UTF-8 at byte {e.start}"], None
+    except ValueError as e:
+        return [f"{where}: (file): invalid JSON ({e.msg} at line {e.lineno}); truncated?"], None
+    problems = check_doc(doc, where, verify_models, allow_unknown_commit)
+    if isinstance(doc, dict) and doc.get("kind") in ("fidelity", "reference"):
+        return problems, doc
+    return problems, {"id": doc.get("id")} if isinstance(doc, dict) else None
+
+
+def _check_chunk(args: tuple[list[str], bool, bool]) -> list[tuple[list[str], Any]]:
+    files, verify_models, allow = args
+    return [_check_file(Path(f), verify_models, allow) for f in files]
+
+
+PARALLEL_FROM = 400  # artifacts; below this a process pool costs more than it saves
+
+
 def check(paths: Iterable[str], verify_models: bool = True, allow_unknown_commit: bool = False) -> tuple[int, list[str]]:
-    """(number of artifacts checked, problems)."""
+    """(number of artifacts checked, problems). Large stores are checked on every CPU this process may use
+    (each file independently; the cross-file checks, duplicate ids and fidelity references, run after)."""
     files, problems = iter_artifact_paths(paths)
+    workers = min(len(os.sched_getaffinity(0)), 8)
+    if len(files) >= PARALLEL_FROM and workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        n = max(1, len(files) // (workers * 4))
+        chunks = [([str(f) for f in files[i:i + n]], verify_models, allow_unknown_commit)
+                  for i in range(0, len(files), n)]
+        with ProcessPoolExecutor(workers) as pool:
+            results = [r for chunk in pool.map(_check_chunk, chunks) for r in chunk]
+    else:
+        results = [_check_file(f, verify_models, allow_unknown_commit) for f in files]
     seen: dict[str, Path] = {}
     fidelity_refs: list[tuple[str, dict]] = []
     references: dict[str, dict] = {}
-    for f in files:
+    for f, (probs, doc) in zip(files, results):
         where = str(f)
-        try:
-            raw = f.read_bytes()
-        except OSError as e:
-            problems.append(f"{where}: (file): unreadable: {e.strerror}")
+        problems += probs
+        if not isinstance(doc, dict):
             continue
-        if not raw.strip():
-            problems.append(f"{where}: (file): empty file")
-            continue
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            problems.append(f"{where}: (file): not UTF-8 at byte {e.start}")
-            continue
-        except ValueError as e:
-            problems.append(f"{where}: (file): invalid JSON ({e.msg} at line {e.lineno}); truncated?")
-            continue
-        problems += check_doc(doc, where, verify_models, allow_unknown_commit)
-        if isinstance(doc, dict) and doc.get("kind") == "fidelity" and isinstance(doc.get("reference"), dict):
+        if doc.get("kind") == "fidelity" and isinstance(doc.get("reference"), dict):
             fidelity_refs.append((where, doc))
-        if isinstance(doc, dict) and doc.get("kind") == "reference" and isinstance(doc.get("id"), str):
+        if doc.get("kind") == "reference" and isinstance(doc.get("id"), str):
             references[doc["id"]] = doc
-        aid = doc.get("id") if isinstance(doc, dict) else None
+        aid = doc.get("id")
         if isinstance(aid, str):
             if aid in seen and seen[aid].resolve() != f.resolve():
                 problems.append(f"{where}: id: duplicate of {seen[aid]}")
