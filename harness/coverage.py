@@ -134,9 +134,14 @@ def markdown(cov: list[dict], aa: list[dict]) -> str:
 
 
 def write(path: Path) -> None:
-    text = path.read_text()
+    from harness.errors import UserError
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(str(path), f"--write: unreadable ({e.strerror})", "pass docs/methodology.md") from None
     if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise SystemExit(f"{path}: the coverage markers are missing; add the lines {BEGIN!r} and {END!r}")
+        raise UserError(str(path), "--write: the coverage markers are missing or repeated",
+                        f"put one line `{BEGIN}` and one `{END}` where the table goes")
     head, rest = text.split(BEGIN)
     _, tail = rest.split(END)
     path.write_text(head + markdown(coverage_table(), aa_table()) + tail)
@@ -147,7 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", metavar="FILE", help="replace the table between the markers of FILE")
     args = ap.parse_args(argv)
     if args.write:
-        write(Path(args.write))
+        from harness.errors import UserError
+        try:
+            write(Path(args.write))
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
         print(f"wrote the coverage table into {args.write}")
     else:
         print(markdown(coverage_table(), aa_table()))

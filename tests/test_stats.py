@@ -62,3 +62,12 @@ def test_methodology_coverage_table_is_what_the_simulation_gives():
     block = text[text.index(coverage.BEGIN):text.index(coverage.END) + len(coverage.END)]
     assert block == coverage.markdown(coverage.coverage_table(), coverage.aa_table()), \
         "run: python -m harness.coverage --write docs/methodology.md"
+
+
+def test_coverage_write_refuses_a_file_without_markers(tmp_path, capsys):
+    doc = tmp_path / "doc.md"
+    doc.write_text("kept\n")
+    assert coverage.main(["--write", str(doc)]) == 2
+    err = capsys.readouterr().err
+    assert str(doc) in err and "markers" in err and len(err.strip().splitlines()) == 1
+    assert doc.read_text() == "kept\n"
