@@ -152,9 +152,7 @@ class Row:
         c = self.comparison
         if c is None or self.role != "family":
             return "exploratory: no verdict" if self.role == "exploratory" and c is not None else ""
-        if self.fidelity in ("fail", "fail (baseline)"):
-            return f"fidelity {self.fidelity}"
-        if self.fidelity in ("unchecked", "unchecked (baseline)"):
+        if self.fidelity not in ("pass", "n/a"):  # fail or unchecked, the build's or its baseline's
             return f"fidelity {self.fidelity}"
         return stats.verdict(c, self.higher_is_better)
 

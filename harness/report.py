@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import jinja2
 import numpy as np
 
 from harness import analysis, stats
-from harness.analysis import build_id, by_host  # noqa: F401  (re-exported for callers of report)
+from harness.analysis import Newest, by_host
 from harness.artifact import RunArtifact
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
@@ -222,7 +223,6 @@ def collect(store_dirs: list[str]) -> Collected:
 # The speed grids whose builds are set against the machine's ceiling (when they are in the store).
 CEILING_GRIDS = ("llamacpp-baseline", "vllm-vs-llamacpp", "decode-threads")
 
-Newest = analysis.Newest
 
 
 
@@ -372,6 +372,7 @@ def _plot_data_hash(sec: dict, name: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+@lru_cache(maxsize=1)
 def _plots_code_hash() -> str:
     return hashlib.sha256((Path(__file__).parent / "plots.py").read_bytes()).hexdigest()[:16]
 

@@ -58,7 +58,7 @@ def signed_rank_cdf(n: int) -> np.ndarray:
     counts = np.zeros(m + 1, dtype=object)  # exact integers: 2^n overflows float precision past n ~ 50
     counts[0] = 1
     for k in range(1, n + 1):
-        counts[k:] = counts[k:] + counts[:-k].copy() if k <= m else counts[k:]
+        counts[k:] = counts[k:] + counts[:-k]  # the right side is built from the old counts first
     total = 2 ** n
     return np.array([float(c) for c in np.cumsum(counts)]) / total
 
