@@ -86,7 +86,12 @@ class Execution(Frozen):
     effective: dict[str, Any]
     compile_cache: dict[str, Any]
     eager: bool | None
-    command: list[str]
+    command: list[str] | list[list[str]] = Field(description="the command that ran, or the commands where there "
+                                                           "were several")
+    settings: dict[str, dict[str, Any]] | None = Field(
+        None, description="each declared setting: requested, effective (read back from the engine), source, rule "
+                          "(enforced: `harness check` fails the run if they differ; observe only); absent before "
+                          "the read-back rule")
     observe: Literal["full", "bare"] = Field("full", description="full: memory poller during the run and residency "
                                              "scans around it; bare: neither (measures what observing costs)")
 

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from harness.artifact import compute_id, migrate, parse
 from harness.probe import host_key
 from harness.errors import UserError
+from harness.metrics import DEFINITIONS_VERSION, REQUEST_METRICS
 
 # Dotted paths that every artifact must carry, non-empty.
 COMMON = (
@@ -127,9 +128,31 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
         for mname, m in a.metrics.items():
             if not m.samples:
                 problems.append(f"{where}: metrics.{mname}.samples: empty (raw samples are required)")
+        problems += read_back_problems(a, where)
     if verify_models and getattr(a, "model", None) is not None and a.model.files:
         problems += _check_model_files(a, where)
     return problems
+
+
+def read_back_problems(a: Any, where: str) -> list[str]:
+    """A run whose engine used another value than the one requested for an enforced setting fails; a run
+    that claims the shared metric definitions must carry their exact text."""
+    out = []
+    for name, row in (a.execution.settings or {}).items():
+        if row.get("rule") != "enforced":
+            continue
+        req, eff = row.get("requested"), row.get("effective")
+        if eff is None:
+            out.append(f"{where}: execution.settings.{name}: requested {req!r}, not read back from the engine "
+                       "(declare it observe_only in the arm if it cannot be)")
+        elif eff != req:
+            out.append(f"{where}: execution.settings.{name}: requested {req!r}, engine used {eff!r}")
+    if a.execution.effective.get("metric_definitions") == DEFINITIONS_VERSION:
+        for mname, m in a.metrics.items():
+            if mname in REQUEST_METRICS and m.definition != REQUEST_METRICS[mname][2]:
+                out.append(f"{where}: metrics.{mname}.definition: not the shared definition of {mname} "
+                           f"({DEFINITIONS_VERSION}, harness/metrics.py)")
+    return out
 
 
 def _check_model_files(a: Any, where: str) -> list[str]:

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from harness import artifact, models, provenance
-from harness.engines.vllm import FORM_DTYPE, Vllm
+from harness.engines import ENGINES as ALL_ENGINES, get_engine
 from harness.errors import UserError
 from harness.paths import read_utf8, sha256_file
 from harness.store import Store, load_path
 
-ENGINES = ("llama.cpp", "vllm")
-DEFAULT_REFERENCES = {"llama.cpp": "gguf-bf16", "vllm": "hf-bf16"}
+# The engines with a fidelity mode (Engine.reference_form set), and each one's default reference form.
+DEFAULT_REFERENCES = {n: f for n in ALL_ENGINES if (f := get_engine(n).reference_form)}
+ENGINES = tuple(DEFAULT_REFERENCES)
 THRESHOLDS = {  # name -> (summary metric, direction)
     "min_exact_match_rate": ("exact_match_rate", ">="),
     "min_token_agreement": ("token_agreement", ">="),
@@ -41,7 +42,6 @@ THRESHOLDS = {  # name -> (summary metric, direction)
 TOP_FIELDS = {"kind", "name", "description", "model", "prompts", "gen_len", "top_k", "threads", "seed", "timeout_s",
               "references", "builds", "thresholds", "cross_engine"}
 BUILD_FIELDS = {"name", "engine", "form", "path", "options", "thresholds"}
-TOOL = "edge-fidelity"
 
 
 @dataclass(frozen=True)
@@ -132,17 +132,20 @@ def load_grid(path: str | Path) -> FidelityGrid:
         if ("form" in b) == ("path" in b):
             raise _err(sp, f, "needs exactly one of form (a zoo form) or path (a GGUF file)")
         bpath = None
+        eng = get_engine(b["engine"])
         if "path" in b:
-            if b["engine"] != "llama.cpp":
-                raise _err(sp, f"{f}.path", "only llama.cpp builds can be a file", "use form for vllm")
+            if not eng.accepts_file:
+                files = [n for n in ENGINES if get_engine(n).accepts_file]
+                raise _err(sp, f"{f}.path", f"a {b['engine']} build cannot be a file (only {', '.join(files)})",
+                           f"use form for {b['engine']}")
             bpath = str((p.parent / str(b["path"])).resolve())
         else:
-            prefix = "gguf-" if b["engine"] == "llama.cpp" else "hf-"
-            if not str(b["form"]).startswith(prefix):
-                raise _err(sp, f"{f}.form", f"{b['engine']} needs a {prefix}* form, got {b['form']!r}")
+            if not str(b["form"]).startswith(eng.form_prefix):
+                raise _err(sp, f"{f}.form", f"{b['engine']} needs a {eng.form_prefix}* form, got {b['form']!r}")
         opts = b.get("options") or {}
-        if not isinstance(opts, dict) or (set(opts) - {"dtype"}):
-            raise _err(sp, f"{f}.options", "only dtype is known (vllm)")
+        if not isinstance(opts, dict) or (set(opts) - eng.fidelity_options):
+            raise _err(sp, f"{f}.options", f"unknown option for {b['engine']}",
+                       f"known: {', '.join(sorted(eng.fidelity_options)) or 'none'}")
         builds.append(Build(name=b["name"], engine=b["engine"], form=b.get("form"), path=bpath, options=opts,
                             thresholds={**thresholds, **_thresholds(sp, f"{f}.thresholds", b.get("thresholds") or {})}))
     names = [b.name for b in builds]
@@ -225,39 +228,17 @@ def _model_block(g: FidelityGrid, form: str | None, path: str | None = None) -> 
 
 
 def engine_block(engine: str) -> dict:
-    if engine == "llama.cpp":
-        from harness import llamacpp_build
-        from harness.engines.llamacpp import LlamaCpp
-        info = LlamaCpp().engine_info()
-        t = llamacpp_build.tool_info(TOOL)
-        build = {**info["build"], "binary": TOOL, "binary_sha256": t["sha256"], "tool_source_sha256": t["source_sha256"]}
-        return {"name": "llama.cpp", "version": info["version"], "build_commit": info["build_commit"], "build": build,
-                "patches": [], "overrides": {}}
-    info = Vllm().engine_info()
-    return {"name": "vllm", "version": info["version"], "build_commit": info["build_commit"], "build": info["build"],
-            "patches": [], "overrides": {}}
+    return get_engine(engine).fidelity_block()
 
 
 def generate(g: FidelityGrid, engine: str, model_path: Path, dtype: str | None, request: dict, workdir: Path) -> dict:
-    """Run one build over the prompts in a fresh process; the result of edge-fidelity (or the vLLM worker)."""
+    """Run one build over the prompts in a fresh process, through the engine's fidelity command (the same
+    request and result format for every engine: harness/native/edge-fidelity.cpp documents it)."""
     from harness.engines.base import run_process, tail
     req_path, out_path = workdir / "request.json", workdir / "result.json"
     req_path.write_text(json.dumps(request))
     cpus = list(range(g.threads))
-    if engine == "llama.cpp":
-        from harness import llamacpp_build
-        cmd = [str(llamacpp_build.tool(TOOL)), "-m", str(model_path), "-t", str(g.threads), "-i", str(req_path),
-               "-o", str(out_path)]
-        env_rec = {"OMP_NUM_THREADS": str(g.threads)}
-    else:
-        from harness.engines.vllm import patches_env
-        cfg = {"model_dir": str(model_path), "threads": g.threads, "cpus": cpus, "dtype": dtype, "eager": True,
-               "request": request}
-        cfg_path = workdir / "worker-config.json"
-        cfg_path.write_text(json.dumps(cfg))
-        cmd = [sys.executable, "-m", "runtime.worker", "--fidelity", str(cfg_path), str(out_path)]
-        env_rec = {"EDGE_HARNESS_PATCHES": patches_env("all"), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-                   "VLLM_DO_NOT_TRACK": "1"}
+    cmd, env_rec = get_engine(engine).fidelity_command(model_path, g.threads, cpus, dtype, req_path, out_path, workdir)
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | env_rec
     r = run_process(cmd, env, g.timeout_s)
     res: dict[str, Any] = {"command": cmd, "env": env_rec, "cpus": cpus}
@@ -366,8 +347,7 @@ def reference_mismatch(ref: Any, fid_ref: dict, prompt_set: dict, engine: dict |
 def _execution(res: dict, g: FidelityGrid, engine: str, requested: dict, effective: dict) -> dict:
     return {"threads": g.threads, "cpu_affinity": res["cpus"], "numa_policy": "default (no numa option)",
             "env": {**provenance.relevant_env(), **res["env"]}, "requested": requested, "effective": effective,
-            "compile_cache": {"key": "n/a", "state": "n/a (eager)" if engine == "vllm" else "n/a (no compile cache)"},
-            "eager": True if engine == "vllm" else None, "command": [str(c) for c in res["command"]]}
+            **get_engine(engine).fidelity_execution(), "command": [str(c) for c in res["command"]]}
 
 
 @dataclass
@@ -405,7 +385,7 @@ def _new_reference(g: FidelityGrid, engine: str, form: str, mblock: dict, mpath:
     request = {"n_predict": g.gen_len, "top_k": g.top_k, "n_ctx": n_ctx,
                "prompts": [{"ids": p["ids"], "self_forced": True} for p in prompts.prompts]}
     span = provenance.Span()
-    dtype = "bfloat16" if engine == "vllm" else None
+    dtype = get_engine(engine).fidelity_dtype(form, {})
     res = generate(g, engine, mpath, dtype, request, wd)
     if res["status"] != "ok":
         raise UserError(f"reference {engine} {form}", f"{res['error']}", "fix the engine (see the message) and rerun; "
@@ -415,8 +395,7 @@ def _new_reference(g: FidelityGrid, engine: str, form: str, mblock: dict, mpath:
              "forced_argmax_agreement": sum(a == t for a, t in zip(r["forced"]["argmax"], r["greedy"]["ids"]))
              / len(r["greedy"]["ids"])}
             for p, r in zip(prompts.prompts, res["result"]["prompts"])]
-    if engine == "vllm":
-        eng = {**eng, "patches": res["result"]["patches"], "overrides": res["result"]["overrides"]}
+    eng = get_engine(engine).fidelity_result_block(eng, res["result"])
     host, timing = span.finish()
     return artifact.finalize({
         "schema_version": artifact.SCHEMA_VERSION, "kind": "reference", "status": "ok",
@@ -465,7 +444,7 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
     for b, against, cross in jobs:
         ref = references[against]
         mblock, mpath = _model_block(g, b.form, b.path)
-        dtype = b.options.get("dtype") or (FORM_DTYPE.get(b.form or "") if b.engine == "vllm" else None)
+        dtype = get_engine(b.engine).fidelity_dtype(b.form, b.options)
         request = {"n_predict": g.gen_len, "top_k": g.top_k, "n_ctx": n_ctx,
                    "prompts": [{"ids": p["ids"], "forced": o.ids, "candidates": [[t[0] for t in pos] for pos in o.top]}
                                for p, o in zip(prompts.prompts, ref.outputs)]}
@@ -490,8 +469,7 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
             effective: dict = {}
         else:
             result = res["result"]
-            if b.engine == "vllm":
-                eng |= {"patches": result["patches"], "overrides": result["overrides"]}
+            eng = get_engine(b.engine).fidelity_result_block(eng, result)
             rows = compare([o.model_dump() for o in ref.outputs], result["prompts"])
             summary = summarize(rows, g.gen_len)
             fails = [] if cross else gate(summary, b.thresholds, rows)

@@ -17,12 +17,13 @@ from harness.errors import UserError
 from harness.paths import read_utf8
 
 WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
-AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form")
+# replicate: a label only (repeats of one cell, e.g. for A/A calibration); batch: concurrent requests
+AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form", "replicate")
 ORDERS = ("interleaved", "sequential", "random")
 TOP_FIELDS = {"kind", "name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
               "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads", "primary"}
 PRIMARY_FIELDS = {"metrics", "arms", "cells"}
-ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa", "observe"}
+ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa", "observe", "observe_only"}
 OBSERVE = ("full", "bare")
 WHY_NO_DEFAULTS = "each of prompt_len, context_len, gen_len has produced a wrong conclusion when left at a default"
 
@@ -40,6 +41,8 @@ class Arm:
     # full: the harness's memory poller runs during the run and residency is scanned around it; bare: neither
     # (to measure what observing costs; the artifact then has no residency or peak memory)
     observe: str = "full"
+    # settings recorded as read back but not enforced by `harness check` (names of base.SETTINGS or options.KEY)
+    observe_only: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,9 +180,15 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
         observe = ra.get("observe", "full")
         if observe not in OBSERVE:
             raise _err(path, f"{f}.observe", f"unknown value {observe!r}", f"allowed: {', '.join(OBSERVE)}")
+        oo = ra.get("observe_only") or []
+        from harness.engines.base import SETTINGS
+        if not isinstance(oo, list) or not all(isinstance(x, str) and (x in SETTINGS or x.startswith("options."))
+                                               for x in oo):
+            raise _err(path, f"{f}.observe_only", f"must be a list of settings, got {oo!r}",
+                       f"settings: {', '.join(SETTINGS)}, or options.KEY")
         arms.append(Arm(name=an, engine=ra["engine"], form=ra.get("form"), options=opts,
                         env={k: str(v) for k, v in env.items()}, patches=ra.get("patches"), cpus=cpus,
-                        numa=ra.get("numa"), observe=observe))
+                        numa=ra.get("numa"), observe=observe, observe_only=tuple(oo)))
     if model == "none" and any(a.engine != "command" for a in arms):
         raise _err(path, "model", "is required when an arm runs a model engine", f"known: {', '.join(sorted(MODELS))}")
     names = [a.name for a in arms]
@@ -220,6 +229,8 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
     for k in axes:
         fixed.pop(k, None)
 
+    warmups = _int(path, "warmups", doc.get("warmups", 1), lo=0)
+
     order = doc.get("order", "interleaved")
     if order not in ORDERS:
         raise _err(path, "order", f"unknown order {order!r}", f"allowed: {', '.join(ORDERS)}")
@@ -243,12 +254,26 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
     if not isinstance(seed, int):
         raise _err(path, "seed", f"must be an integer, got {seed!r}")
     primary = _primary(path, doc.get("primary"), arms, baseline)
-    return GridSpec(path=path, sha256=sha256, name=name, description=str(doc.get("description", "")), model=model,
+    spec = GridSpec(path=path, sha256=sha256, name=name, description=str(doc.get("description", "")), model=model,
                     arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc), primary=primary,
                     passes=_int(path, "passes", doc.get("passes", 1)),
                     repetitions=_int(path, "repetitions", doc.get("repetitions", 3)),
-                    warmups=_int(path, "warmups", doc.get("warmups", 1), lo=0),
+                    warmups=warmups,
                     order=order, seed=seed, baseline=baseline, timeout_s=float(timeout))
+    _validate_engines(spec)
+    return spec
+
+
+def _validate_engines(spec: GridSpec) -> None:
+    """Each arm's options, and the workload of every cell it runs in, as its engine can honour them: refused
+    here (at load, so at `harness plan`), before anything runs."""
+    from harness.engines import engine_class
+    cells = expand(spec)
+    for a in spec.arms:
+        mine = [c for c in cells if a in arms_for(spec, c)]
+        values = {k: (f"axes.{k}" if k in spec.axes else f"workload.{k}", {c.params[k] for c in mine})
+                  for k in ("batch", "context_len", "prompt_len", "gen_len") if mine and k in mine[0].params}
+        engine_class(a.engine)().validate(spec.path, a, values, spec.warmups)
 
 
 def _primary(path: str, raw: Any, arms: list[Arm], baseline: str) -> dict | None:

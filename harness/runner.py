@@ -117,7 +117,8 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
                       if arm.numa is not None else "default (no numa option)",
                       "env": {**provenance.relevant_env(), **res.env}, "requested": res.requested,
                       "effective": res.effective, "compile_cache": res.compile_cache, "eager": res.eager,
-                      "command": [str(c) for c in res.command], "observe": arm.observe},
+                      "command": _command(res.command), "observe": arm.observe,
+                      "settings": settings_block(res.settings, engine, arm)},
         "workload": {"prompt_len": p["prompt_len"], "context_len": p["context_len"], "gen_len": p["gen_len"],
                      "batch": p.get("batch", 1), "warmups": spec.warmups, "repetitions": spec.repetitions,
                      "prompt_token_hash": res.prompt_token_hash},
@@ -127,6 +128,28 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
         "timing": timing,
     }
     return doc
+
+
+def _command(cmd: list) -> list:
+    """The command that ran, or the list of commands where there were several."""
+    if cmd and isinstance(cmd[0], list):
+        return [[str(c) for c in one] for one in cmd]
+    return [str(c) for c in cmd]
+
+
+def settings_block(settings: dict, engine, arm: grid.Arm) -> dict:
+    """Each declared setting as requested and as read back, with the rule `harness check` applies to it:
+    enforced (effective must equal requested), or observe only (declared so by the engine or the arm)."""
+    out = {}
+    for name, row in settings.items():
+        if name in engine.observe_only:
+            rule = f"observe only ({engine.name} cannot apply or read it back)"
+        elif name in arm.observe_only:
+            rule = "observe only (arm)"
+        else:
+            rule = "enforced"
+        out[name] = {**row, "rule": rule}
+    return out
 
 
 def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool = False,

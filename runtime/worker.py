@@ -1,7 +1,9 @@
-"""One vLLM measurement in a fresh process: load, prefill exactly prompt_len, decode gen_len.
+"""One vLLM measurement in a fresh process: load, then per repetition submit `batch` requests together
+(the prompt token ids given by the harness), each prefilling exactly prompt_len and decoding gen_len.
 
 Usage: python -m runtime.worker CONFIG.json RESULT.json
-Records per-token timestamps and reads back the effective configuration from the engine.
+Records per-token timestamps of every request, the number of requests the scheduler ran together, and
+reads back the effective configuration from the engine.
 """
 
 from __future__ import annotations
@@ -11,17 +13,6 @@ import os
 import sys
 import time
 import traceback
-
-
-def _prompt_ids(seed: int, n: int, vocab: int, special: set[int]) -> list[int]:
-    import random
-    rng = random.Random(seed)
-    ids: list[int] = []
-    while len(ids) < n:
-        t = rng.randrange(100, vocab)
-        if t not in special:
-            ids.append(t)
-    return ids
 
 
 def _bind_env(cfg: dict) -> None:
@@ -47,6 +38,12 @@ def _llm(cfg: dict, **extra):
                max_num_seqs=int(cfg.get("max_num_seqs", 1)), enforce_eager=bool(cfg.get("eager", True)),
                kv_cache_memory_bytes=kv_requested, enable_prefix_caching=False, seed=0, trust_remote_code=False,
                **extra)
+
+
+def _scheduler(engine):
+    """The engine core's scheduler, when the engine core runs in this process (else None)."""
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+    return getattr(core, "scheduler", None)
 
 
 def run(cfg: dict) -> dict:
@@ -87,33 +84,38 @@ def run(cfg: dict) -> dict:
     from vllm.platforms import current_platform
     patch_manifest = patches.manifest(patches.APPLIED)
     vc = engine.vllm_config
-    tok = llm.get_tokenizer()
-    special = set(getattr(tok, "all_special_ids", []) or [])
-    vocab = hf_config["vocab_size"]
+    scheduler = _scheduler(engine)
 
     samples = []
-    import hashlib
-    prompt_hash = hashlib.sha256()
-    reps = int(cfg.get("warmups", 1)) + int(cfg.get("repetitions", 3))
-    for i in range(reps):
-        ids = _prompt_ids(1000 + i, prompt_len, vocab, special)
-        prompt_hash.update(json.dumps(ids).encode())
+    warmups = int(cfg.get("warmups", 1))
+    for i, batch_ids in enumerate(cfg["prompts"]):
+        if any(len(ids) != prompt_len for ids in batch_ids):
+            raise ValueError(f"repetition {i}: a prompt is not {prompt_len} tokens")
         params = SamplingParams(max_tokens=gen_len, min_tokens=gen_len, ignore_eos=True, temperature=0.0)
-        rid = f"r{i}"
-        stamps: list[float] = []
+        stamps: dict[str, list[float]] = {}
+        seen: dict[str, int] = {}
+        concurrent = 0
         t_start = time.perf_counter()
-        engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
-        seen = 0
+        for j, ids in enumerate(batch_ids):  # submitted together: the scheduler sees them all at its first step
+            rid = f"r{i}-{j}"
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+            stamps[rid], seen[rid] = [], 0
         while engine.has_unfinished_requests():
+            running = len(scheduler.running) if scheduler is not None else None
             outs = engine.step()
             now = time.perf_counter()
+            emitted = 0
             for o in outs:
                 n = len(o.outputs[0].token_ids)
-                stamps.extend([now] * (n - seen))  # a step that emits k tokens stamps all k at its end
-                seen = n
-        token_times = [s - t_start for s in stamps]
-        samples.append({"warmup": i < int(cfg.get("warmups", 1)), "prompt_seed": 1000 + i,
-                        "tokens_generated": len(token_times), "token_times_s": token_times})
+                if n > seen[o.request_id]:
+                    emitted += 1
+                stamps[o.request_id].extend([now] * (n - seen[o.request_id]))  # k tokens in one step: stamped at its end
+                seen[o.request_id] = n
+            # requests decoded together: the scheduler's running queue where readable, else those that emitted
+            concurrent = max(concurrent, running if running is not None else emitted)
+        samples.append({"warmup": i < warmups, "max_concurrent": concurrent,
+                        "concurrency_source": "scheduler.running" if scheduler is not None else "outputs per step",
+                        "requests": [{"token_times_s": [t - t_start for t in st]} for st in stamps.values()]})
 
     cache = vc.cache_config
     result = {
@@ -130,6 +132,7 @@ def run(cfg: dict) -> dict:
             "block_size": cache.block_size,
             "kv_tokens": (cache.num_gpu_blocks or 0) * cache.block_size if getattr(cache, "num_gpu_blocks", None) else None,
             "enforce_eager": vc.model_config.enforce_eager,
+            "max_num_seqs": vc.scheduler_config.max_num_seqs,
             "compilation_mode": getattr(vc.compilation_config.mode, "name", str(vc.compilation_config.mode)),
             "multiprocess_engine_core": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1",
             "engine_core_client": type(getattr(engine, "engine_core", None)).__name__,
@@ -146,7 +149,6 @@ def run(cfg: dict) -> dict:
         "overrides": {k: v for k, v in patches.APPLIED.items()},
         "timings": {"import_s": t0 - t_import, "load_s": t_loaded - t0},
         "after_load": after_load,
-        "prompt_token_hash": prompt_hash.hexdigest(),
         "samples": samples,
     }
     return result
@@ -198,7 +200,8 @@ def fidelity(cfg: dict) -> dict:
             "effective": {"dtype": str(vc.model_config.dtype).replace("torch.", ""),
                           "max_model_len": vc.model_config.max_model_len, "torch_threads": torch.get_num_threads(),
                           "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
-                          "enforce_eager": vc.model_config.enforce_eager, "max_logprobs": kk},
+                          "enforce_eager": vc.model_config.enforce_eager,
+            "max_num_seqs": vc.scheduler_config.max_num_seqs, "max_logprobs": kk},
             "patches": patches.manifest(patches.APPLIED), "overrides": dict(patches.APPLIED)}
 
 

@@ -17,7 +17,7 @@ model: tiny-llama
 arms:
   - {name: llama.cpp, engine: llama.cpp, form: gguf-f32}
   - {name: vllm, engine: vllm, form: hf-fp32}
-workload: {prompt_len: 32, context_len: 64, gen_len: 8}
+workload: {prompt_len: 32, context_len: 256, gen_len: 8}
 threads: 2
 passes: 1
 repetitions: 2

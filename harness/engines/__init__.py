@@ -1,36 +1,36 @@
-"""Engines, registered lazily by name ("module:Class"): importing the harness never imports torch or vLLM.
+"""Engines, registered by name ("module:Class"): one module and one line here per engine (docs/harness.md).
 
-An unknown name fails with the list of known ones.
+Every class implements the contract of harness/engines/base.py:Engine. Importing an engine module never
+imports torch or vLLM (those run in the engine's own process). An unknown name fails with the known ones.
 """
 
 from __future__ import annotations
 
 import importlib
+from functools import lru_cache
 
 from harness.errors import UserError
 
 ENGINES: dict[str, str] = {
     "llama.cpp": "harness.engines.llamacpp:LlamaCpp",
+    "llama-bench": "harness.engines.llama_bench:LlamaBench",
     "vllm": "harness.engines.vllm:Vllm",
     "command": "harness.engines.command:Command",
 }
 
 
-def get_engine(name: str):
+@lru_cache(maxsize=None)
+def engine_class(name: str):
     if name not in ENGINES:
         raise UserError("engine", f"unknown engine {name!r}", f"known engines: {', '.join(sorted(ENGINES))}")
     mod, cls = ENGINES[name].split(":")
-    return getattr(importlib.import_module(mod), cls)()
+    return getattr(importlib.import_module(mod), cls)
 
 
-# The metrics each engine emits, by name (one definition per name across engines): known without
-# importing the engine, so `harness plan` can size a grid's family of comparisons.
-METRICS: dict[str, tuple[str, ...]] = {
-    "llama.cpp": ("prefill_tok_s", "decode_tok_s", "prefill_latency_s"),
-    "vllm": ("prefill_tok_s", "decode_tok_s", "ttft_s", "itl_median_s", "startup_s", "peak_rss_mib"),
-    "command": ("wall_s",),
-}
+def get_engine(name: str):
+    return engine_class(name)()
 
 
 def engine_metrics(name: str) -> tuple[str, ...]:
-    return METRICS.get(name, ())
+    """The metrics an engine emits, by name (one definition per name across engines)."""
+    return engine_class(name).metrics if name in ENGINES else ()

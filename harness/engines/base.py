@@ -1,4 +1,11 @@
-"""What every engine shares: the run context, the result, and running one process under watch.
+"""The engine contract, and what every engine shares: the run context, the result, running one process.
+
+An engine is one module with one class implementing `Engine` and one line in harness/engines/__init__.py:
+its options as a pydantic model (validated when the grid loads, so `harness plan` refuses a bad option),
+the workload fields it honours (a grid asking for one it cannot honour is refused at plan), the metrics it
+emits (names with one definition across engines: harness/metrics.py), `run` for speed and, for model
+engines, `generate` for fidelity. Every run reports each declared setting as requested and as read back
+from the engine (`settings`); `harness check` fails a run whose effective value differs.
 
 A process runs with a timeout and a peak-memory poller; its stderr tail is kept for failures.
 """
@@ -10,20 +17,26 @@ import shutil
 import signal
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from harness.grid import Arm, GridSpec
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from harness.errors import UserError
 from harness.residency import PeakMemory
-from harness.schedule import RunSpec
+
+if TYPE_CHECKING:
+    from harness.grid import Arm, GridSpec
+    from harness.schedule import RunSpec
 
 
 @dataclass
 class RunContext:
-    spec: GridSpec
-    run: RunSpec
-    arm: Arm
+    spec: "GridSpec"
+    run: "RunSpec"
+    arm: "Arm"
     threads: int
     cpus: list[int]
     workdir: Path
@@ -56,22 +69,121 @@ class EngineResult:
     eager: bool | None = None
     error: str | None = None
     stderr_tail: str | None = None
+    # setting -> {"requested": x, "effective": y, "source": where y was read}; see Engine.settings
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-class ModelEngine:
-    """An engine that runs a model form: which forms it takes, and the default."""
+class Options(BaseModel):
+    """An engine's options: unknown keys and ill-typed values are refused when the grid loads."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    threads: int | None = None
 
-    name = ""
-    default_form = ""
-    form_prefix = ""
-    form_hint = ""
+
+# The settings every run reports as requested and effective (read back from the engine); an engine that
+# cannot read one back names it in `observe_only`, and the artifact says so.
+SETTINGS = ("threads", "cpus", "dtype", "context_len", "batch", "warmups", "kv_cache_memory_bytes")
+
+
+class Engine(ABC):
+    """The engine contract (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    default_form: ClassVar[str] = ""
+    form_prefix: ClassVar[str] = ""
+    form_hint: ClassVar[str] = ""
+    Options: ClassVar[type[BaseModel]] = Options
+    # workload fields applied by the engine: a field it does not honour must stay at its neutral value
+    honours: ClassVar[frozenset[str]] = frozenset({"prompt_len", "gen_len", "context_len", "warmups", "repetitions"})
+    max_batch: ClassVar[int | None] = 1  # concurrent requests it can run; None: no limit
+    warmup_values: ClassVar[tuple[int, ...] | None] = None  # the warm-up counts it can do; None: any
+    metrics: ClassVar[tuple[str, ...]] = ()
+    observe_only: ClassVar[frozenset[str]] = frozenset()  # settings it cannot read back (recorded, not enforced)
 
     def check(self, model: str, form: str | None) -> str:
         form = form or self.default_form
         if not form.startswith(self.form_prefix):
-            from harness.errors import UserError
             raise UserError("arm.form", f"{self.name} needs a {self.form_prefix}* form, got {form!r}", self.form_hint)
         return form
+
+    def options(self, arm: "Arm") -> BaseModel:
+        """The arm's options, typed (after `validate`, never fails)."""
+        return self.Options(**arm.options)
+
+    def validate(self, path: str, arm: "Arm", workload: dict[str, tuple[str, set]], warmups: int) -> None:
+        """Refuse, before anything runs, an option this engine does not know or an ill-typed one, and a
+        workload this engine cannot honour. `workload`: field -> (where the grid sets it, the values it takes).
+        Errors name `arms[NAME].options.KEY` or the workload field."""
+        try:
+            self.Options(**arm.options)
+        except ValidationError as e:
+            err = e.errors()[0]
+            key = ".".join(str(x) for x in err["loc"]) or "options"
+            known = ", ".join(sorted(self.Options.model_fields))
+            fix = f"known {self.name} options: {known}" if err["type"] == "extra_forbidden" else \
+                f"{err['msg']} (known {self.name} options: {known})"
+            problem = "unknown option" if err["type"] == "extra_forbidden" else f"invalid value {err.get('input')!r}"
+            raise UserError(path, f"arms[{arm.name}].options.{key}: {problem}", fix) from None
+        where, batches = workload.get("batch", ("workload.batch", {1}))
+        big = max(batches)
+        if self.max_batch is not None and big > self.max_batch:
+            raise UserError(path, f"{where}: {big} concurrent requests asked of arm {arm.name!r}, but "
+                                  f"{self.name} runs at most {self.max_batch}",
+                            "use an engine with concurrency (vllm, llama.cpp) or batch: 1")
+        if self.warmup_values is not None and warmups not in self.warmup_values:
+            raise UserError(path, f"warmups: {warmups} asked of arm {arm.name!r}, but {self.name} can do "
+                                  f"{' or '.join(map(str, self.warmup_values))}",
+                            f"set warmups to {self.warmup_values[-1]} or use another engine")
+        self.validate_options(path, arm, self.Options(**arm.options), workload)
+
+    def validate_options(self, path: str, arm: "Arm", opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        """Checks across options and workload, beyond types (an engine may add its own)."""
+
+    @abstractmethod
+    def engine_info(self) -> dict[str, Any]:
+        ...
+
+    @abstractmethod
+    def run(self, ctx: RunContext, form: str) -> EngineResult:
+        ...
+
+    # ---- fidelity (model engines): greedy generation and teacher-forced scoring on token ids ------------
+    reference_form: ClassVar[str | None] = None  # the form a build of this engine is compared against
+    accepts_file: ClassVar[bool] = False  # a fidelity build may be a file instead of a zoo form
+    fidelity_options: ClassVar[frozenset[str]] = frozenset()
+
+    def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
+        return None
+
+    def fidelity_block(self) -> dict[str, Any]:
+        """The engine block of a fidelity or reference artifact."""
+        info = self.engine_info()
+        return {"name": info["name"], "version": info["version"], "build_commit": info["build_commit"],
+                "build": info["build"], "patches": [], "overrides": {}}
+
+    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
+                         out_path: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
+        """The command (and its recorded environment) that answers a fidelity request (harness/fidelity.py)."""
+        raise UserError(self.name, "has no fidelity mode", "use a model engine (llama.cpp, vllm)")
+
+    def fidelity_result_block(self, eng: dict, result: dict) -> dict:
+        """The engine block, completed from what the engine reported (e.g. the patches it applied)."""
+        return eng
+
+    def fidelity_execution(self) -> dict[str, Any]:
+        return {"compile_cache": {"key": "n/a", "state": "n/a (no compile cache)"}, "eager": None}
+
+
+def setting(requested: Any, effective: Any, source: str) -> dict[str, Any]:
+    """One row of EngineResult.settings."""
+    return {"requested": requested, "effective": effective, "source": source}
+
+
+def process_affinity(pid: int) -> list[int] | None:
+    """The CPUs a live process may run on, read from the kernel."""
+    try:
+        return sorted(os.sched_getaffinity(pid))
+    except OSError:
+        return None
 
 
 @dataclass
@@ -82,17 +194,20 @@ class ProcResult:
     timed_out: bool
     peak_memory: dict
     wall_s: float
+    affinity: list[int] | None = None  # the CPUs the kernel let the engine process run on (read after exec)
 
 
 def affinity_prefix(cpus: list[int] | None, numa: int | None) -> list[str]:
-    """taskset / numactl in front of a command, where asked for and present."""
+    """taskset / numactl in front of a command: every engine process is pinned to the run's CPUs."""
     pre: list[str] = []
     if numa is not None:
         if not shutil.which("numactl"):
-            from harness.errors import UserError
             raise UserError("numa", "numactl is not installed", "apt-get install numactl, or drop the arm's numa option")
         pre += ["numactl", f"--cpunodebind={numa}", f"--membind={numa}"]
-    elif cpus and shutil.which("taskset"):
+    elif cpus:
+        if not shutil.which("taskset"):
+            raise UserError("taskset", "is not installed: the engine cannot be pinned to the run's CPUs",
+                            "apt-get install util-linux")
         pre += ["taskset", "-c", ",".join(str(c) for c in cpus)]
     return pre
 
@@ -103,6 +218,7 @@ def run_process(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
                             start_new_session=True, text=True, errors="replace")
+    affinity = _engine_affinity(proc.pid, cmd)
     timed_out = False
     with (PeakMemory(proc.pid, poll_s) if poll_s else _NotObserved()) as pm:
         try:
@@ -115,7 +231,25 @@ def run_process(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             raise
-    return ProcResult(proc.returncode, out, err, timed_out, pm.result(), time.time() - t0)
+    return ProcResult(proc.returncode, out, err, timed_out, pm.result(), time.time() - t0, affinity)
+
+
+WRAPPERS = ("taskset", "numactl")
+
+
+def _engine_affinity(pid: int, cmd: list[str], wait_s: float = 2.0) -> list[int] | None:
+    """The affinity of the engine process itself: once a taskset/numactl wrapper has exec'd the engine
+    (its /proc/PID/exe no longer the wrapper), read from the kernel. None if the process is already gone."""
+    wrapped = bool(cmd) and os.path.basename(cmd[0]) in WRAPPERS
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        except OSError:
+            return None
+        if not wrapped or exe not in WRAPPERS or time.time() > deadline:
+            return process_affinity(pid)
+        time.sleep(0.001)
 
 
 class _NotObserved:

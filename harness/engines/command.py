@@ -10,13 +10,26 @@ import os
 import time
 from typing import Any
 
-from harness.engines.base import EngineResult, RunContext, affinity_prefix, failed, run_process, tail
-from harness.errors import UserError
+from pydantic import Field
+
+from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process, setting, tail
 
 
-class Command:
+class CommandOptions(Options):
+    cmd: str = Field(min_length=1, description="run with /bin/sh -c")
+
+
+class Command(Engine):
+    """The worked example of docs/harness.md: options, what it honours, its one metric, `run`."""
+
     name = "command"
     default_form = "none"
+    Options = CommandOptions
+    honours = frozenset({"warmups", "repetitions"})  # prompt/gen/context lengths reach it only as HARNESS_* env
+    metrics = ("wall_s",)
+    # OMP_NUM_THREADS is set, what the command does with it is its own; a command may exit before its
+    # affinity can be read: both recorded when known, never enforced
+    observe_only = frozenset({"threads", "cpus"})
 
     def check(self, model: str, form: str | None) -> str:
         return form or self.default_form
@@ -29,26 +42,22 @@ class Command:
                 "build": {"shell": sh, "shell_sha256": digest}}
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
-        cmd_text = ctx.arm.options.get("cmd")
-        if not isinstance(cmd_text, str) or not cmd_text.strip():
-            raise UserError(f"arms[{ctx.arm.name}].options.cmd", "the command engine needs a cmd string",
-                            "e.g. options: {cmd: 'sleep 0.1'}")
-        bad = set(ctx.arm.options) - {"cmd", "threads"}
-        if bad:
-            raise UserError(f"arms[{ctx.arm.name}].options.{sorted(bad)[0]}", "unknown command option", "known: cmd, threads")
+        cmd_text = self.options(ctx.arm).cmd
         # Cell parameters are visible to the command, so one command can serve a sweep.
         env_rec = {**ctx.arm.env, "OMP_NUM_THREADS": str(ctx.threads),
                    **{f"HARNESS_{k.upper()}": str(v) for k, v in ctx.params.items()},
                    "HARNESS_ARM": ctx.arm.name, "HARNESS_PASS": str(ctx.run.pass_index)}
         env = {**os.environ, **env_rec}
-        cmd = affinity_prefix(ctx.cpus if ctx.arm.cpus else None, ctx.arm.numa) + ["/bin/sh", "-c", cmd_text]
+        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + ["/bin/sh", "-c", cmd_text]
         info = self.engine_info()
         requested = {"cmd": cmd_text, "threads": ctx.threads}
         walls, warm = [], []
         peak: dict = {"status": "unknown"}
+        affinity = None
         deadline = time.time() + ctx.timeout_s
         for i in range(ctx.spec.warmups + ctx.spec.repetitions):
             r = run_process(cmd, env, max(0.1, deadline - time.time()), poll_s=0.05 if ctx.observe else None)
+            affinity = affinity if affinity is not None else r.affinity
             if r.peak_memory.get("rss_bytes", 0) >= peak.get("rss_bytes", 0):
                 peak = r.peak_memory
             if r.timed_out:
@@ -60,7 +69,11 @@ class Command:
             (warm if i < ctx.spec.warmups else walls).append(r.wall_s)
         metrics = {"wall_s": {"unit": "s", "samples": walls, "warmup_samples": warm, "higher_is_better": False,
                               "definition": "wall time of one fresh /bin/sh -c process, start to exit, per repetition"}}
-        return EngineResult(status="ok", metrics=metrics, engine=info, requested=requested,
-                            effective={"cmd": cmd_text, "threads": ctx.threads}, command=cmd, env=env_rec,
+        settings = {"threads": setting(ctx.threads, None, "not readable from a shell command: OMP_NUM_THREADS is set"),
+                    "cpus": setting(ctx.cpus, affinity, "sched_getaffinity of the /bin/sh process"),
+                    "warmups": setting(ctx.spec.warmups, len(warm), "warm-up processes run")}
+        return EngineResult(status="ok", metrics=metrics, engine=info, requested=requested, settings=settings,
+                            effective={"cmd": cmd_text, "threads": ctx.threads, "cpu_affinity": affinity},
+                            command=cmd, env=env_rec,
                             peak_memory=peak, after_load={"status": "n/a", "reason": "a command has no load phase"},
                             prompt_token_hash="n/a (command engine)")

@@ -1,118 +1,141 @@
-"""The llama.cpp engine: llama-bench (JSON output) for prefill and decode at the requested shape.
+"""The llama.cpp engine: requests served by harness/native/edge-bench.cpp, linked against the pinned build.
 
-Prefill: `-p prompt_len -n 0`; decode: `-p 0 -n gen_len -d prompt_len` (decode after a context
-of prompt_len tokens, like a real request). Two fresh processes per run.
+edge-bench takes the same prompt token ids as every engine (harness/metrics.py), submits `batch` requests
+together as parallel sequences of one context (n_ctx = context_len per sequence), prefills them in one
+batch, then decodes greedily with llama.cpp's sampler, detokenizing each token, and stamps every output
+token. The metrics are computed from those stamps by harness/metrics.py, as for vLLM. The effective
+context, threads, sequences and the process's CPU affinity are read back by the tool itself.
+For fidelity the engine answers requests with harness/native/edge-fidelity.cpp.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
-from harness import llamacpp_build, models
-from harness.engines.base import EngineResult, ModelEngine, RunContext, affinity_prefix, failed, run_process, tail
+from pydantic import Field
+
+from harness import llamacpp_build, metrics, models
+from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
+                                  setting, tail)
 from harness.errors import UserError
 
-PASSTHROUGH_OPTIONS = {"batch_size": "-b", "ubatch_size": "-ub", "flash_attn": "-fa", "cache_type_k": "-ctk",
-                       "cache_type_v": "-ctv", "repack": "--repack", "load_mode": "-lm", "poll": "--poll"}
-EFFECTIVE_KEYS = ("n_threads", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn", "cpu_mask", "cpu_strict",
-                  "poll", "repack", "load_mode", "model_type", "model_size", "model_n_params", "n_prompt", "n_gen",
-                  "n_depth", "build_commit", "build_number", "backends", "cpu_info")
+TOOL = "edge-bench"
+FIDELITY_TOOL = "edge-fidelity"
+CTX_PAD = 256  # this llama.cpp pads each sequence's context to a multiple of 256 tokens (read back: n_ctx_per_seq)
+KV_TYPES = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
-def parse_bench_json(stdout: str) -> list[dict]:
-    """llama-bench's JSON array; some builds print init lines on stdout first, so find the array."""
-    start = stdout.find("[")
-    while start != -1:
-        try:
-            data, _ = json.JSONDecoder().raw_decode(stdout[start:])
-            if isinstance(data, list) and all(isinstance(x, dict) for x in data):
-                return data
-        except ValueError:
-            pass
-        start = stdout.find("[", start + 1)
-    raise ValueError("no JSON array in llama-bench output")
+class LlamaCppOptions(Options):
+    n_batch: int | None = Field(None, ge=1)
+    n_ubatch: int | None = Field(None, ge=1)
+    flash_attn: Literal["on", "off", "auto"] | None = None
+    type_k: KV_TYPES | None = None
+    type_v: KV_TYPES | None = None
+    poll: int | None = Field(None, ge=0, le=100)
 
 
-class LlamaCpp(ModelEngine):
+class LlamaCpp(Engine):
     name = "llama.cpp"
     default_form = "gguf-f32"
     form_prefix = "gguf-"
     form_hint = "use gguf-f32, gguf-bf16, gguf-q8_0 ..."
+    Options = LlamaCppOptions
+    honours = frozenset({"prompt_len", "gen_len", "context_len", "batch", "warmups", "repetitions"})
+    max_batch = None
+    metrics = metrics.NAMES
+    observe_only = frozenset({"dtype", "kv_cache_memory_bytes"})  # the GGUF's types; KV sized by n_ctx
+    reference_form = "gguf-bf16"
+    accepts_file = True
+
+    def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        where, ctxs = workload.get("context_len", ("workload.context_len", set()))
+        bad = sorted(c for c in ctxs if c % CTX_PAD)
+        if bad:
+            c = bad[0]
+            raise UserError(path, f"{where}: {c} for arm {arm.name!r}: llama.cpp pads each sequence's context to a "
+                                  f"multiple of {CTX_PAD}, so it would use {-(-c // CTX_PAD) * CTX_PAD}",
+                            f"set context_len to a multiple of {CTX_PAD}")
 
     def engine_info(self) -> dict[str, Any]:
         m = llamacpp_build.load_manifest()
         return {"name": "llama.cpp", "version": f"{m['source']['package']}=={m['source']['version']} (vendored)",
                 "build_commit": m["build_commit"],
                 "build": {"flags": m["flags"], "compiler": m["compiler"], "build_key": m["build_key"],
-                          "native_isa": m.get("native_isa", "unknown"), "sdist_sha256": m["source"]["sdist_sha256"],
-                          "binary": "llama-bench", "binary_sha256": m["binaries"]["llama-bench"]["sha256"]}}
+                          "native_isa": m.get("native_isa", "unknown"), "sdist_sha256": m["source"]["sdist_sha256"]}}
+
+    def _tool_block(self, name: str) -> dict[str, Any]:
+        info = self.engine_info()
+        t = llamacpp_build.tool_info(name)
+        return {**info, "build": {**info["build"], "binary": name, "binary_sha256": t["sha256"],
+                                  "tool_source_sha256": t["source_sha256"]}}
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
-        model_path = models.form_path(ctx.spec.model, form)
-        bench = str(llamacpp_build.binary("llama-bench"))
+        opts = self.options(ctx.arm)
         p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])
-        reps = ctx.spec.repetitions
-        extra: list[str] = []
-        for k, v in ctx.arm.options.items():
-            if k in PASSTHROUGH_OPTIONS:
-                extra += [PASSTHROUGH_OPTIONS[k], str(v)]
-            elif k not in ("threads",):
-                raise UserError(f"arms[{ctx.arm.name}].options.{k}", "unknown llama.cpp option",
-                                f"known: threads, {', '.join(sorted(PASSTHROUGH_OPTIONS))}")
-        if ctx.spec.warmups == 0:
-            extra.append("--no-warmup")
-        env = {**os.environ, **ctx.arm.env, "OMP_NUM_THREADS": str(ctx.threads)}
-        pre = affinity_prefix(ctx.cpus if ctx.arm.cpus else None, ctx.arm.numa)
-        base = pre + [bench, "-m", str(model_path), "-t", str(ctx.threads), "-r", str(reps), "-o", "json", *extra]
-        tests = {"prefill": ["-p", str(p), "-n", "0"], "decode": ["-p", "0", "-n", str(g), "-d", str(p)]}
-        info = self.engine_info()
+        c, b = int(ctx.params["context_len"]), int(ctx.params.get("batch", 1))
+        w, reps = ctx.spec.warmups, ctx.spec.repetitions
+        prompts = metrics.request_prompts(ctx.spec.model, p, b, w + reps)
+        request = {"n_ctx_per_seq": c, "batch": b, "gen_len": g,
+                   "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)],
+                   "options": opts.model_dump(exclude_none=True, exclude={"threads"})}
+        req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
+        req_path.write_text(json.dumps(request))
+        info = self._tool_block(TOOL)
+        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [
+            str(llamacpp_build.tool(TOOL)), "-m", str(models.form_path(ctx.spec.model, form)), "-t", str(ctx.threads),
+            "-i", str(req_path), "-o", str(out_path)]
+        env_rec = {**ctx.arm.env, "OMP_NUM_THREADS": str(ctx.threads)}
         requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
-                     "depth_for_decode": p, "repetitions": reps, **{k: v for k, v in ctx.arm.options.items()}}
-        results: dict[str, dict] = {}
-        peaks = []
-        commands = []
-        env_rec = {k: v for k, v in ctx.arm.env.items()} | {"OMP_NUM_THREADS": str(ctx.threads)}
-        for name, args in tests.items():
-            cmd = base + args
-            commands.append(cmd)
-            r = run_process(cmd, env, ctx.timeout_s, poll_s=ctx.poll_s)
-            peaks.append(r.peak_memory)
-            if r.timed_out:
-                return failed("timeout", f"llama-bench {name} exceeded {ctx.timeout_s:.0f} s", cmd, env_rec, r.stderr,
-                              info, requested, r.peak_memory)
-            if r.returncode != 0:
-                return failed("failed", f"llama-bench {name} exited {r.returncode}: {tail(r.stderr, 1)}", cmd, env_rec,
-                              r.stderr, info, requested, r.peak_memory)
-            try:
-                rows = parse_bench_json(r.stdout)
-                results[name] = rows[0]
-            except (ValueError, IndexError) as e:
-                return failed("failed", f"llama-bench {name}: {e}", cmd, env_rec, r.stdout + r.stderr, info, requested)
-        pre_row, dec_row = results["prefill"], results["decode"]
-        metrics = {
-            "prefill_tok_s": {"unit": "tok/s", "samples": [float(x) for x in pre_row["samples_ts"]],
-                              "definition": f"llama-bench -p {p} -n 0: prompt tokens / wall time of one batch prefill, "
-                                            "per repetition (its own warm-up run not reported)"},
-            "decode_tok_s": {"unit": "tok/s", "samples": [float(x) for x in dec_row["samples_ts"]],
-                             "definition": f"llama-bench -p 0 -n {g} -d {p}: generated tokens / wall time after a "
-                                           f"{p}-token context, per repetition"},
-            "prefill_latency_s": {"unit": "s", "higher_is_better": False,
-                                  "samples": [ns / 1e9 for ns in pre_row["samples_ns"]],
-                                  "definition": f"llama-bench -p {p}: wall time of the prefill, per repetition"},
+                     "context_len": c, "batch": b, "warmups": w, "repetitions": reps, **ctx.arm.options}
+        r = run_process(cmd, {**os.environ, **env_rec}, ctx.timeout_s, poll_s=ctx.poll_s)
+        if r.timed_out:
+            return failed("timeout", f"{TOOL} exceeded {ctx.timeout_s:.0f} s", cmd, env_rec, r.stderr, info, requested,
+                          r.peak_memory)
+        try:
+            res = json.loads(out_path.read_text())
+        except (OSError, ValueError):
+            return failed("failed", f"{TOOL} exited {r.returncode} without a result: {tail(r.stderr, 1)}", cmd, env_rec,
+                          r.stderr, info, requested, r.peak_memory)
+        if r.returncode != 0 or res.get("status") != "ok":
+            return failed("failed", res.get("error", f"{TOOL} exited {r.returncode}"), cmd, env_rec, r.stderr, info,
+                          requested, r.peak_memory)
+        eff = res["effective"]
+        samples = res["samples"]
+        concurrent = min(s["max_concurrent"] for s in samples)
+        settings = {
+            "threads": setting(ctx.threads, eff["n_threads"], "llama_n_threads(ctx), read by edge-bench"),
+            "cpus": setting(ctx.cpus, eff["cpu_affinity"], "sched_getaffinity(0) inside edge-bench"),
+            "context_len": setting(c, eff["n_ctx_per_seq"], "llama.cpp context per sequence, read by edge-bench"),
+            "batch": setting(b, concurrent, "fewest sequences decoded together in one llama_decode, over repetitions"),
+            "warmups": setting(w, sum(1 for s in samples if s["warmup"]), "warm-up repetitions edge-bench ran"),
         }
-        effective = {k: pre_row.get(k) for k in EFFECTIVE_KEYS}
-        effective["decode_test"] = {k: dec_row.get(k) for k in ("n_prompt", "n_gen", "n_depth", "n_threads")}
-        effective["threads"] = pre_row.get("n_threads")
-        peak = max(peaks, key=lambda x: x.get("rss_bytes", 0))
-        token_hash = hashlib.sha256(f"llama-bench synthetic prompt tokens p={p} d={p}".encode()).hexdigest()
-        return EngineResult(status="ok", metrics=metrics, engine=info, requested=requested, effective=effective,
-                            command=commands[0] + ["&&"] + commands[1][len(base):], env=env_rec, peak_memory=peak,
+        for k, tool_key in (("n_batch", "n_batch"), ("n_ubatch", "n_ubatch"), ("type_k", "type_k"),
+                            ("type_v", "type_v"), ("flash_attn", "flash_attn")):
+            if getattr(opts, k) is not None:
+                settings[f"options.{k}"] = setting(getattr(opts, k), eff.get(tool_key), "read by edge-bench")
+        effective = {**eff, "threads": eff["n_threads"], "system_info": res.get("system_info"),
+                     "load_s": res.get("load_s"), "prefill_batch_tokens": samples[0].get("prefill_batch_tokens"),
+                     "timestamps": "steady_clock after each token is sampled (llama.cpp greedy sampler) and "
+                                   "detokenized (llama_token_to_piece), in edge-bench",
+                     "metric_definitions": metrics.DEFINITIONS_VERSION}
+        return EngineResult(status="ok", metrics=metrics.from_timestamps(samples, p), engine=info, requested=requested,
+                            effective=effective, command=cmd, env=env_rec, peak_memory=r.peak_memory,
                             after_load={"status": "not separable",
-                                        "reason": "llama-bench loads and measures in one process; see after_run"},
-                            prompt_token_hash=token_hash, eager=None)
+                                        "reason": "edge-bench loads and measures in one process; see after_run"},
+                            prompt_token_hash=metrics.prompts_hash(prompts), eager=None, settings=settings)
+
+    # ---- fidelity -------------------------------------------------------------------------------------
+    def fidelity_block(self) -> dict[str, Any]:
+        return {**self._tool_block(FIDELITY_TOOL), "patches": [], "overrides": {}}
+
+    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
+                         out_path: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
+        cmd = [str(llamacpp_build.tool(FIDELITY_TOOL)), "-m", str(model_path), "-t", str(threads), "-i", str(req_path),
+               "-o", str(out_path)]
+        return cmd, {"OMP_NUM_THREADS": str(threads)}
 
 
 def greedy_text(model: str, form: str, prompt: str, n_predict: int, threads: int = 2,

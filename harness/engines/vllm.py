@@ -1,7 +1,9 @@
 """The vLLM engine: the patched runtime (runtime/) measured in a fresh worker process.
 
-The worker prefills exactly prompt_len tokens, decodes gen_len with the KV cache sized for
-context_len, stamps every token, and reads the effective configuration back from the engine.
+The worker submits `batch` requests together (the same prompt token ids as every engine, from
+harness/metrics.py), each prefilling exactly prompt_len tokens and decoding gen_len greedily with
+max_model_len = context_len, stamps every output token, and reads the effective configuration back
+from the engine. The metrics are computed from the stamps by harness/metrics.py, as for llama.cpp.
 """
 
 from __future__ import annotations
@@ -14,15 +16,25 @@ import sys
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from harness import models
-from harness.engines.base import EngineResult, ModelEngine, RunContext, affinity_prefix, failed, run_process, tail
+from pydantic import Field
+
+from harness import metrics, models
+from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
+                                  setting, tail)
 from harness.errors import UserError
 from harness.paths import cache_root
 
-KNOWN_OPTIONS = {"threads", "dtype", "eager", "max_num_seqs", "kv_cache_memory_bytes", "engine_core"}
 ENGINE_CORES = ("inprocess", "multiprocess")
+
+
+class VllmOptions(Options):
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = None
+    eager: bool | Literal["auto"] = True
+    max_num_seqs: int | None = Field(None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    engine_core: Literal["inprocess", "multiprocess", "auto"] = "inprocess"
 FORM_DTYPE = {"hf-fp32": "float32", "hf-bf16": "bfloat16"}
 
 
@@ -115,11 +127,24 @@ def choose_core_and_eager(engine_core: str, eager: Any, tokens: int, costs: dict
                       "estimated_s": {f"{k[0]}/{'eager' if k[1] else 'compiled'}": round(t, 2) for k, t in total.items()}}
 
 
-class Vllm(ModelEngine):
+class Vllm(Engine):
     name = "vllm"
     default_form = "hf-fp32"
     form_prefix = "hf-"
     form_hint = "use hf-fp32 or hf-bf16"
+    Options = VllmOptions
+    honours = frozenset({"prompt_len", "gen_len", "context_len", "batch", "warmups", "repetitions"})
+    max_batch = None
+    metrics = (*metrics.NAMES, "startup_s", "peak_rss_mib")
+    reference_form = "hf-bf16"
+    fidelity_options = frozenset({"dtype"})
+
+    def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        batches = workload.get("batch", ("", {1}))[1]
+        if opts.max_num_seqs is not None and opts.max_num_seqs < max(batches):
+            raise UserError(path, f"arms[{arm.name}].options.max_num_seqs: {opts.max_num_seqs} is below batch "
+                                  f"{max(batches)}: the requests would not run concurrently",
+                            f"set max_num_seqs >= {max(batches)} or leave it out (it defaults to the batch)")
 
     def engine_info(self) -> dict[str, Any]:
         try:
@@ -132,15 +157,8 @@ class Vllm(ModelEngine):
                           "python": sys.version.split()[0]}}
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
-        opts = dict(ctx.arm.options)
-        bad = set(opts) - KNOWN_OPTIONS
-        if bad:
-            raise UserError(f"arms[{ctx.arm.name}].options.{sorted(bad)[0]}", "unknown vllm option",
-                            f"known: {', '.join(sorted(KNOWN_OPTIONS))}")
+        opts = self.options(ctx.arm).model_dump(exclude_none=True)
         host_overrides: dict[str, Any] = {}
-        if opts.get("engine_core", "inprocess") not in (*ENGINE_CORES, "auto"):
-            raise UserError(f"arms[{ctx.arm.name}].options.engine_core", f"unknown value {opts['engine_core']!r}",
-                            f"known: {', '.join(ENGINE_CORES)}, auto")
         if "auto" in (opts.get("engine_core"), opts.get("eager")):
             tokens = (ctx.spec.warmups + ctx.spec.repetitions) * int(ctx.params["gen_len"])
             core, eg, why = choose_core_and_eager(opts.get("engine_core", "inprocess"), opts.get("eager", True), tokens,
@@ -158,16 +176,21 @@ class Vllm(ModelEngine):
             opts["dtype"] = chosen
         weight_files = sorted(str(Path(rel).relative_to(form_root)) for rel in models.form_files(ctx.spec.model, form)
                               if rel.endswith(".safetensors"))
+        batch = int(ctx.params.get("batch", 1))
+        prompts = metrics.request_prompts(ctx.spec.model, int(ctx.params["prompt_len"]), batch,
+                                          ctx.spec.warmups + ctx.spec.repetitions)
         cfg = {"patches": patches_env(ctx.arm.patches), "model_dir": str(model_dir), "threads": ctx.threads, "cpus": ctx.cpus,
-               "prompt_len": ctx.params["prompt_len"], "gen_len": ctx.params["gen_len"],
-               "context_len": ctx.params["context_len"], "max_num_seqs": int(opts.get("max_num_seqs", ctx.params.get("batch", 1))),
+               "prompt_len": ctx.params["prompt_len"], "gen_len": ctx.params["gen_len"], "batch": batch,
+               "context_len": ctx.params["context_len"], "max_num_seqs": int(opts.get("max_num_seqs", batch)),
                "dtype": opts.get("dtype", FORM_DTYPE.get(form, "float32")), "eager": bool(opts.get("eager", True)),
                "kv_cache_memory_bytes": opts.get("kv_cache_memory_bytes"), "warmups": ctx.spec.warmups,
                "repetitions": ctx.spec.repetitions, "weight_files": weight_files,
                "engine_core": opts.get("engine_core", "inprocess"), "observe": ctx.observe}
         # Per-arm compile cache keyed by the full effective config: arms never load each other's graphs.
-        key = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k not in ("repetitions", "warmups", "observe")},
+        key = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k not in ("repetitions", "warmups", "observe",
+                                                                                   "batch")},
                                         sort_keys=True).encode()).hexdigest()[:16]
+        cfg["prompts"] = prompts
         cdir = cache_root() / "compile" / key
         state = "warm" if cdir.exists() and any(cdir.iterdir()) else "cold"
         cdir.mkdir(parents=True, exist_ok=True)
@@ -178,10 +201,10 @@ class Vllm(ModelEngine):
         env.update(arm_env)
         cfg_path, out_path = ctx.workdir / "worker-config.json", ctx.workdir / "worker-result.json"
         cfg_path.write_text(json.dumps(cfg))
-        cmd = affinity_prefix(ctx.cpus if ctx.arm.cpus else None, ctx.arm.numa) + [
+        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [
             sys.executable, "-m", "runtime.worker", str(cfg_path), str(out_path)]
         info = self.engine_info()
-        requested = {**cfg, **{k: v for k, v in ctx.arm.options.items()}}
+        requested = {**{k: v for k, v in cfg.items() if k != "prompts"}, **ctx.arm.options}
         r = run_process(cmd, env, ctx.timeout_s, poll_s=ctx.poll_s)
         if r.timed_out:
             return failed("timeout", f"vLLM worker exceeded {ctx.timeout_s:.0f} s", cmd, arm_env, r.stderr, info,
@@ -194,55 +217,65 @@ class Vllm(ModelEngine):
         if res.get("status") != "ok":
             return failed("failed", res.get("error", "unknown worker error"), cmd, arm_env,
                           (res.get("traceback") or "") + "\n" + r.stderr, info, requested, r.peak_memory)
-        metrics = self._metrics(res, int(cfg["prompt_len"]), int(cfg["gen_len"]))
-        metrics["startup_s"] = {"unit": "s", "samples": [float(res["timings"]["load_s"])], "higher_is_better": False,
+        out = metrics.from_timestamps(res["samples"], int(cfg["prompt_len"]))
+        out["startup_s"] = {"unit": "s", "samples": [float(res["timings"]["load_s"])], "higher_is_better": False,
                                 "definition": "time to construct vllm.LLM (load weights, allocate the KV cache), "
                                               "after imports; one sample per run"}
         if r.peak_memory.get("rss_bytes"):
-            metrics["peak_rss_mib"] = {"unit": "MiB", "samples": [r.peak_memory["rss_bytes"] / 2**20],
+            out["peak_rss_mib"] = {"unit": "MiB", "samples": [r.peak_memory["rss_bytes"] / 2**20],
                                        "higher_is_better": False,
                                        "definition": "peak RSS of the worker process tree: the kernel's high-water "
                                                      "mark (VmHWM, /proc/<pid>/status); one sample per run"}
         after_load = dict(res["after_load"])
         if isinstance(after_load.get("files"), dict):  # same keys as before/after_run: paths in the model dir
             after_load["files"] = {f"{form_root}/{k}": v for k, v in after_load["files"].items()}
-        effective = {**res["effective"], "kv_bytes_per_token": res["kv_bytes_per_token"], "timings": res["timings"],
-                     "threads": res["effective"]["torch_threads"]}
+        eff = res["effective"]
+        effective = {**eff, "kv_bytes_per_token": res["kv_bytes_per_token"], "timings": res["timings"],
+                     "threads": eff["torch_threads"], "metric_definitions": metrics.DEFINITIONS_VERSION,
+                     "timestamps": "perf_counter when LLMEngine.step() returns the token (sampled, detokenized); "
+                                   "a step that emits k tokens of a request stamps all k at its end"}
+        concurrent = min(s["max_concurrent"] for s in res["samples"])
+        settings = {
+            "threads": setting(ctx.threads, eff["torch_threads"], "torch.get_num_threads() in the worker"),
+            "cpus": setting(ctx.cpus, eff["cpu_affinity"], "sched_getaffinity(0) in the worker"),
+            "dtype": setting(cfg["dtype"], eff["dtype"], "vllm_config.model_config.dtype"),
+            "context_len": setting(int(cfg["context_len"]), eff["max_model_len"], "vllm_config.model_config.max_model_len"),
+            "batch": setting(batch, concurrent, "fewest requests running together in the scheduler at a decode step, "
+                                                "over repetitions"),
+            "warmups": setting(ctx.spec.warmups, sum(1 for s in res["samples"] if s["warmup"]),
+                               "warm-up repetitions the worker ran"),
+            "options.max_num_seqs": setting(int(cfg["max_num_seqs"]), eff["max_num_seqs"],
+                                            "vllm_config.scheduler_config.max_num_seqs"),
+            "options.eager": setting(bool(cfg["eager"]), eff["enforce_eager"], "vllm_config.model_config.enforce_eager"),
+        }
+        if cfg.get("kv_cache_memory_bytes"):
+            settings["kv_cache_memory_bytes"] = setting(int(cfg["kv_cache_memory_bytes"]), eff["kv_cache_memory_bytes"],
+                                                        "vllm_config.cache_config.kv_cache_memory_bytes")
         info = {**info, "patches": res["patches"], "overrides": {**res["overrides"], **host_overrides}}
         if "dtype" in host_overrides:
             host_overrides["dtype"]["read_back"] = res["effective"]["dtype"]
-        return EngineResult(status="ok", metrics=metrics, engine=info, requested=requested, effective=effective,
+        return EngineResult(status="ok", metrics=out, engine=info, requested=requested, effective=effective,
                             command=cmd, env=arm_env, peak_memory=r.peak_memory, after_load=after_load,
-                            prompt_token_hash=res["prompt_token_hash"],
+                            prompt_token_hash=metrics.prompts_hash(prompts),
                             compile_cache={"key": key, "dir": str(cdir), "state": state},
-                            eager=res["effective"]["enforce_eager"], stderr_tail=None)
+                            eager=eff["enforce_eager"], stderr_tail=None, settings=settings)
 
-    @staticmethod
-    def _metrics(res: dict, p: int, g: int) -> dict[str, dict]:
-        prefill, decode, ttft, itl = [], [], [], []
-        wprefill, wdecode = [], []
-        for s in res["samples"]:
-            t = s["token_times_s"]
-            pf = p / t[0]
-            dc = (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else 0.0
-            if s["warmup"]:
-                wprefill.append(pf)
-                wdecode.append(dc)
-                continue
-            prefill.append(pf)
-            decode.append(dc)
-            ttft.append(t[0])
-            gaps = [b - a for a, b in zip(t, t[1:])]
-            itl.append(statistics.median(gaps) if gaps else 0.0)
-        return {
-            "prefill_tok_s": {"unit": "tok/s", "samples": prefill, "warmup_samples": wprefill,
-                              "definition": f"{p} prompt tokens / time from add_request to the first output token "
-                                            "(includes scheduling), per repetition"},
-            "decode_tok_s": {"unit": "tok/s", "samples": decode, "warmup_samples": wdecode,
-                             "definition": f"({g}-1) tokens / time from the first to the last of {g} output tokens, "
-                                           "greedy, ignore_eos, per repetition"},
-            "ttft_s": {"unit": "s", "samples": ttft, "higher_is_better": False,
-                       "definition": "time from add_request to the first output token, per repetition"},
-            "itl_median_s": {"unit": "s", "samples": itl, "higher_is_better": False,
-                             "definition": "median gap between consecutive output tokens, per repetition"},
-        }
+    # ---- fidelity -------------------------------------------------------------------------------------
+    def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
+        return options.get("dtype") or FORM_DTYPE.get(form or "") or "bfloat16"
+
+    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
+                         out_path: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
+        cfg = {"model_dir": str(model_path), "threads": threads, "cpus": cpus, "dtype": dtype, "eager": True,
+               "request": json.loads(req_path.read_text())}
+        cfg_path = workdir / "worker-config.json"
+        cfg_path.write_text(json.dumps(cfg))
+        cmd = [sys.executable, "-m", "runtime.worker", "--fidelity", str(cfg_path), str(out_path)]
+        return cmd, {"EDGE_HARNESS_PATCHES": patches_env("all"), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                     "VLLM_DO_NOT_TRACK": "1"}
+
+    def fidelity_result_block(self, eng: dict, result: dict) -> dict:
+        return {**eng, "patches": result["patches"], "overrides": result["overrides"]}
+
+    def fidelity_execution(self) -> dict[str, Any]:
+        return {"compile_cache": {"key": "n/a", "state": "n/a (eager)"}, "eager": True}

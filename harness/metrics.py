@@ -1,0 +1,133 @@
+"""One definition per metric name, for every engine that serves requests: computed here, from per-token
+timestamps, never by an engine adapter.
+
+Each engine that implements the request contract returns, per repetition, the output-token timestamps of
+each of its `batch` concurrent requests (seconds since the requests were submitted together). The same
+prompt token ids go to every engine (`request_prompts`). From those timestamps alone:
+
+- per request: TTFT, prefill rate, decode rate, inter-token latency p50/p90/p99/max, end-to-end time;
+- per repetition: aggregate output tokens per second over the batch.
+
+The definition texts below are written into every artifact's metrics, the same text for every engine.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from functools import lru_cache
+from typing import Any
+
+# name -> (unit, higher_is_better, definition)
+REQUEST_METRICS: dict[str, tuple[str, bool, str]] = {
+    "ttft_s": ("s", False, "time to first token: from submitting the request (all requests of a batch together) to "
+                           "its first output token, sampled and detokenized; per request"),
+    "prefill_tok_s": ("tok/s", True, "prompt tokens of the request / its TTFT; per request"),
+    "decode_tok_s": ("tok/s", True, "(output tokens - 1) / (time of the last output token - time of the first); "
+                                    "greedy, ignore_eos; per request"),
+    "itl_p50_s": ("s", False, "median gap between consecutive output tokens of the request; per request"),
+    "itl_p90_s": ("s", False, "90th percentile (linear interpolation) of the gaps between consecutive output tokens "
+                              "of the request; per request"),
+    "itl_p99_s": ("s", False, "99th percentile (linear interpolation) of the gaps between consecutive output tokens "
+                              "of the request; per request"),
+    "itl_max_s": ("s", False, "longest gap between consecutive output tokens of the request (the worst stall); "
+                              "per request"),
+    "e2e_s": ("s", False, "end-to-end latency: from submitting the request to its last output token; per request"),
+    "output_tok_s": ("tok/s", True, "aggregate throughput: output tokens of all requests of the batch / time from "
+                                    "submission to the last output token of any of them; per repetition"),
+}
+NAMES = tuple(REQUEST_METRICS)
+DEFINITIONS_VERSION = "request-timestamps/1"
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
+    s = sorted(xs)
+    if len(s) == 1:
+        return s[0]
+    k = (len(s) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def request_figures(times: list[float], prompt_len: int) -> dict[str, float]:
+    """The per-request figures of one request's output-token timestamps (seconds since submission)."""
+    if not times:
+        raise ValueError("a request with no output token")
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    out = {"ttft_s": times[0], "prefill_tok_s": prompt_len / times[0] if times[0] > 0 else float("inf"),
+           "e2e_s": times[-1]}
+    if gaps:
+        span = times[-1] - times[0]
+        out |= {"decode_tok_s": len(gaps) / span if span > 0 else float("inf"), "itl_p50_s": percentile(gaps, 50),
+                "itl_p90_s": percentile(gaps, 90), "itl_p99_s": percentile(gaps, 99), "itl_max_s": max(gaps)}
+    return out
+
+
+def from_timestamps(samples: list[dict], prompt_len: int) -> dict[str, dict]:
+    """Metrics (artifact form: unit, samples, warmup_samples, definition) from the engine's repetitions:
+    `samples` = [{"warmup": bool, "requests": [{"token_times_s": [...]}, ...]}, ...]."""
+    vals: dict[str, list[float]] = {n: [] for n in NAMES}
+    warm: dict[str, list[float]] = {n: [] for n in NAMES}
+    for s in samples:
+        into = warm if s["warmup"] else vals
+        for r in s["requests"]:
+            for k, v in request_figures(r["token_times_s"], prompt_len).items():
+                into[k].append(v)
+        last = max(r["token_times_s"][-1] for r in s["requests"])
+        into["output_tok_s"].append(sum(len(r["token_times_s"]) for r in s["requests"]) / last)
+    out = {}
+    for name, (unit, hib, definition) in REQUEST_METRICS.items():
+        if not vals[name]:
+            continue
+        out[name] = {"unit": unit, "samples": vals[name], "warmup_samples": warm[name], "definition": definition}
+        if not hib:
+            out[name]["higher_is_better"] = False
+    return out
+
+
+# ---- the prompts every engine receives ------------------------------------------------------------------
+
+def prompt_ids(seed: int, n: int, vocab: int, special: set[int]) -> list[int]:
+    """n token ids drawn uniformly from [100, vocab), skipping special tokens: reproducible from the seed."""
+    rng = random.Random(seed)
+    ids: list[int] = []
+    while len(ids) < n:
+        t = rng.randrange(100, vocab)
+        if t not in special:
+            ids.append(t)
+    return ids
+
+
+@lru_cache(maxsize=None)
+def vocabulary(model: str) -> tuple[int, frozenset[int]]:
+    """The model's vocabulary size and special token ids, from its HF config and tokenizer files."""
+    from harness import models
+    d = models.form_path(model, "hf-fp32")
+    vocab = int(json.loads((d / "config.json").read_text())["vocab_size"])
+    tok = json.loads((d / "tokenizer.json").read_text())
+    special = frozenset(int(t["id"]) for t in tok.get("added_tokens", []) if t.get("special"))
+    return vocab, special
+
+
+def request_prompts(model: str, prompt_len: int, batch: int, repetitions: int) -> list[list[list[int]]]:
+    """Per repetition (warm-ups first), the prompts of its `batch` requests: request j of repetition i is drawn
+    with seed 1000 + i * batch + j (at batch 1: 1000 + i, the seeds of earlier series)."""
+    vocab, special = vocabulary(model)
+    return [[prompt_ids(1000 + i * batch + j, prompt_len, vocab, set(special)) for j in range(batch)]
+            for i in range(repetitions)]
+
+
+def prompts_hash(prompts: list[list[list[int]]]) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for rep in prompts:
+        for ids in rep:
+            h.update(json.dumps(ids).encode())
+    return h.hexdigest()
+
+
+def summary(metrics: dict[str, dict]) -> dict[str, Any]:
+    return {k: statistics.median(v["samples"]) for k, v in metrics.items() if v.get("samples")}
