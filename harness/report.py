@@ -91,7 +91,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
     for metric in an.metrics:
         rows = [_row_dict(r) for r in an.rows if r.metric == metric]
         tables.append({"metric": metric, "unit": rows[0]["unit"] if rows else "",
-                       "definitions": sorted({(r.engine.name, r.metrics[metric].definition) for r in ok if metric in r.metrics}),
+                       "definitions": _definitions(ok, metric),
                        "rows": rows})
     warnings = list(an.warnings)
     n_min = min((r.comparison.n_pairs for r in an.rows if r.comparison and r.role == "family"), default=0)
@@ -105,8 +105,13 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
                         "(docs/methodology.md, fidelity gates speed)")
     # Rule 6: a setting that did not take effect measures nothing; say so wherever it happened
     for a in ok:
+        for setting, row in (a.execution.settings or {}).items():
+            if row.get("rule") == "enforced" and row.get("effective") != row.get("requested"):
+                warnings.append(f"arm {a.grid.arm}, cell {a.grid.cell}: {setting} requested {row.get('requested')!r}, the "
+                                f"engine used {row.get('effective')!r} (read back); its figures are not a result at the "
+                                "requested setting")
         eff = a.execution.effective.get("threads", a.execution.effective.get("torch_threads"))
-        if isinstance(eff, int) and eff != a.execution.threads:
+        if a.execution.settings is None and isinstance(eff, int) and eff != a.execution.threads:
             warnings.append(f"arm {a.grid.arm}, cell {a.grid.cell}: requested {a.execution.threads} thread(s), "
                             f"the engine used {eff} (read back); its figures are not a {a.execution.threads}-thread result")
     loaded = [a for a in ok if isinstance(a.host.get("other_load_during_run"), dict)
@@ -142,7 +147,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "n_all": len(all_arts), "n_older": len(older), "older_series": older_series,
         "older_status": _status_counts(older) if older else "", "fingerprint": fingerprint,
         "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
-        "family": _family_text(an), "between": between,
+        "family": _family_text(an), "between": between, "definitions_note": _definitions_note(tables),
         "host": describe(first.host.model_dump()), "host_key": first.host.key, "slug": f"{name}-{first.host.key}",
         "kernels": sorted({str(a.host.get("kernel")) for a in arts}),
         "harness_commits": sorted({a.harness.commit[:12] for a in arts}),
@@ -281,6 +286,28 @@ def _ceiling_of_host(cal: Any, newest: dict[str, list[RunArtifact]]) -> dict:
     return {"calibration": cal_rows, "rows": rows, "id": cal.id[:12], "command": cal.grid.path,
             "definitions": cal.method["definitions"], "date": cal.timing.start[:10], "host_key": cal.host.key,
             "dirty": cal.harness.dirty, "host": describe(cal.host.model_dump()), "missing": ""}
+
+
+def _definitions(arts: list, metric: str) -> list[tuple[str, str]]:
+    """Each definition text of a metric with the engines that measured by it: one line where they share it."""
+    by: dict[str, set[str]] = {}
+    for r in arts:
+        if metric in r.metrics:
+            by.setdefault(r.metrics[metric].definition, set()).add(r.engine.name)
+    return sorted((", ".join(sorted(engs)) + (" (one definition)" if len(engs) > 1 else ""), d)
+                  for d, engs in by.items())
+
+
+def _definitions_note(tables: list[dict]) -> str:
+    """Whether the engines of a series were measured by one definition per metric name."""
+    engines = {e for t in tables for names, _ in t["definitions"] for e in names.split(" (")[0].split(", ")}
+    if len(engines) < 2:
+        return ""
+    split = [t["metric"] for t in tables if len(t["definitions"]) > 1]
+    if split:
+        return (f"the engines' definitions of {', '.join(split)} differ (series before the common request "
+                "definitions): their ratios are not like for like")
+    return "one definition per metric for every engine (harness/metrics.py)"
 
 
 def _speed_of(newest: Newest, host: str, engine: str, form: str, threads: int) -> dict[str, str]:
@@ -507,8 +534,10 @@ def format_hosts(rows: list[dict]) -> str:
 # Generated blocks in the README and the docs: each between its own markers, rendered from the store by
 # `harness report --readme FILE` and checked with --check. name -> (template, grids, metrics shown).
 BLOCKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
-    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "llamacpp-baseline", "quickstart"),
-                  ("decode_tok_s", "prefill_tok_s")),
+    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "batch-sweep", "llamacpp-baseline", "quickstart"),
+                  ("decode_tok_s", "ttft_s", "prefill_tok_s", "itl_p50_s", "itl_p99_s", "output_tok_s")),
+    "definitions": ("evidence.md.j2", ("llama-bench-vs-request",),
+                    ("decode_tok_s", "bench_tg_tok_s", "prefill_tok_s", "bench_pp_tok_s")),
     "evidence": ("evidence.md.j2", ("planted-interleaved", "planted-sequential", "noise-aa", "footprint-llamacpp",
                                     "footprint-vllm"), None),
 }
@@ -528,7 +557,8 @@ def _short_verdict(v: str) -> str:
 
 def pivot(section: dict, metrics: tuple[str, ...] | None = None) -> list[dict]:
     """A grid section as one table per metric: a row per cell, a column per arm; each entry the median and,
-    for non-baseline arms, the paired ratio with its CI and verdict."""
+    for non-baseline arms, the paired ratio with its CI and verdict. A metric only one arm has is left out
+    (e.g. vLLM's TTFT in a series where llama.cpp was measured by llama-bench)."""
     out = []
     arms = []
     for t in section["tables"]:
@@ -536,7 +566,7 @@ def pivot(section: dict, metrics: tuple[str, ...] | None = None) -> list[dict]:
             if r["arm"] not in arms:
                 arms.append(r["arm"])
     for t in section["tables"]:
-        if metrics is not None and t["metric"] not in metrics:
+        if (metrics is not None and t["metric"] not in metrics) or len({r["arm"] for r in t["rows"]}) < 2:
             continue
         cells: dict[str, dict] = {}
         for r in t["rows"]:

@@ -6,6 +6,7 @@ with their error, and a grid whose file changed since its runs began is not mixe
 
 from __future__ import annotations
 
+import statistics
 import sys
 import tempfile
 import time
@@ -191,9 +192,13 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
         durations.append(time.time() - t0)
         if a.status == "ok":
             ok += 1
-            m = next(iter(a.metrics.items()), None)
-            brief = f"{m[0]} median {sorted(m[1].samples)[len(m[1].samples) // 2]:.4g} {m[1].unit}" if m else ""
+            shown = [k for k in ("decode_tok_s", "ttft_s") if k in a.metrics] or list(a.metrics)[:1]
+            brief = ", ".join(f"{k} median {statistics.median(a.metrics[k].samples):.4g} {a.metrics[k].unit}"
+                              for k in shown)
             print(f"    ok in {durations[-1]:.1f} s {brief}", file=out, flush=True)
+            from harness.check import read_back_problems
+            for problem in read_back_problems(a, "    read-back"):
+                print(problem, file=out, flush=True)
         else:
             bad += 1
             print(f"    {a.status}: {a.error}", file=out, flush=True)

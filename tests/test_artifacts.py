@@ -197,3 +197,18 @@ def test_index_built_and_rebuilt_when_stale(store, tmp_path, cli):
     assert index.is_stale(s)
     rc, out, _ = cli("index", "--store", s)
     assert rc == 0 and "7 artifacts" in out and "rebuilt" in out
+
+
+def test_check_fails_an_enforced_setting_the_engine_did_not_use(one):
+    """The read-back rule alone: the id is recomputed after the edit, so only it can catch the difference."""
+    _, doc = one
+    row = doc["execution"]["settings"]["warmups"]
+    assert row["rule"] == "enforced" and row["effective"] == row["requested"]
+    edited = copy.deepcopy(doc)
+    edited["execution"]["settings"]["warmups"]["effective"] = 0
+    edited["id"] = artifact.compute_id(edited)
+    where = f"{edited['id']}.json"
+    assert _problems(edited, where) == [f"{where}: execution.settings.warmups: requested 1, engine used 0"]
+    edited["execution"]["settings"]["warmups"]["effective"] = None
+    edited["id"] = artifact.compute_id(edited)
+    assert "not read back" in _problems(edited, f"{edited['id']}.json")[0]

@@ -17,13 +17,23 @@ model: tiny-llama
 arms:
   - {name: llama.cpp, engine: llama.cpp, form: gguf-f32}
   - {name: vllm, engine: vllm, form: hf-fp32}
+  - {name: llama-bench, engine: llama-bench, form: gguf-f32}
+  - {name: llama.cpp-cpu0, engine: llama.cpp, form: gguf-f32, threads: 1, cpus: [0]}
+  - {name: vllm-cpu0, engine: vllm, form: hf-fp32, threads: 1, cpus: [0], options: {kv_cache_memory_bytes: 2000000}}
 workload: {prompt_len: 32, context_len: 256, gen_len: 8}
+axes: {batch: [1, 2]}
+exclude:
+  - {arm: llama-bench, batch: 2}
+  - {arm: llama.cpp-cpu0, batch: 2}
+  - {arm: vllm-cpu0, batch: 2}
 threads: 2
 passes: 1
 repetitions: 2
 warmups: 1
 timeout_s: 300
 """
+SHARED = ("ttft_s", "prefill_tok_s", "decode_tok_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s", "e2e_s",
+          "output_tok_s")
 
 
 @pytest.fixture(scope="module")
@@ -35,40 +45,81 @@ def tiny_store(tmp_path_factory):
     return s, d / "store"
 
 
-def _arts(store):
+def _arts(store, batch=1):
     st = Store(store)
-    return {json.loads(p.read_text())["grid"]["arm"]: json.loads(p.read_text()) for p in st.iter_paths("tiny")}
+    docs = [json.loads(p.read_text()) for p in st.iter_paths("tiny")]
+    return {a["grid"]["arm"]: a for a in docs if a["grid"]["cell_params"]["batch"] == batch}
 
 
-def test_both_engines_ran_for_real(tiny_store):
+def test_engines_ran_for_real_and_pass_check(tiny_store):
     s, store = tiny_store
-    arts = _arts(store)
+    arts = _arts(store) | {f"{k}@2": v for k, v in _arts(store, 2).items()}
     assert s.failed == 0, [a.get("error") for a in arts.values()]
+    assert len(arts) == 7
     for arm, a in arts.items():
         assert a["status"] == "ok"
-        for m in ("prefill_tok_s", "decode_tok_s"):
-            assert len(a["metrics"][m]["samples"]) == 2 and all(x > 0 for x in a["metrics"][m]["samples"])
         problems = [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p]
         assert problems == []
+        # every enforced setting was read back from the engine and equals the request
+        for name, row in a["execution"]["settings"].items():
+            if row["rule"] == "enforced":
+                assert row["effective"] == row["requested"], (arm, name, row)
+
+
+def test_same_metric_definitions_for_every_request_engine(tiny_store):
+    """llama.cpp and vLLM: the same metric names with the same definition text, from the same prompt ids."""
+    arts = _arts(tiny_store[1])
+    cpp, vl = arts["llama.cpp"], arts["vllm"]
+    for m in SHARED:
+        assert cpp["metrics"][m]["definition"] == vl["metrics"][m]["definition"]
+        assert all(x > 0 for x in cpp["metrics"][m]["samples"] + vl["metrics"][m]["samples"])
+    assert len(cpp["metrics"]["decode_tok_s"]["samples"]) == 2  # one per request per repetition
+    assert cpp["workload"]["prompt_token_hash"] == vl["workload"]["prompt_token_hash"]
+    # llama-bench keeps its own names: never mistaken for the request metrics
+    assert set(arts["llama-bench"]["metrics"]) == {"bench_pp_tok_s", "bench_tg_tok_s", "bench_pp_s"}
+    assert isinstance(arts["llama-bench"]["execution"]["command"][0], list)  # two commands, each runnable
+
+
+def test_batch_2_reads_back_2_concurrent_requests(tiny_store):
+    for arm, a in _arts(tiny_store[1], 2).items():
+        row = a["execution"]["settings"]["batch"]
+        assert row["requested"] == 2 and row["effective"] == 2, (arm, row)
+        assert len(a["metrics"]["ttft_s"]["samples"]) == 4  # 2 requests x 2 repetitions
+        assert len(a["metrics"]["output_tok_s"]["samples"]) == 2  # one aggregate per repetition
+
+
+def test_cpus_read_back_from_the_engine_process(tiny_store):
+    arts = _arts(tiny_store[1])
+    for arm in ("llama.cpp-cpu0", "vllm-cpu0"):
+        a = arts[arm]
+        assert a["execution"]["settings"]["cpus"]["requested"] == [0]
+        assert a["execution"]["settings"]["cpus"]["effective"] == [0]
+        assert a["execution"]["settings"]["threads"]["effective"] == 1
+        assert a["execution"]["command"][:3] == ["taskset", "-c", "0"]
 
 
 def test_llamacpp_effective_config_read_back(tiny_store):
-    a = _arts(tiny_store[1])["llama.cpp"]
-    eff = a["execution"]["effective"]
-    assert eff["n_threads"] == 2 and eff["build_commit"] == "0c1e570"
-    assert eff["n_prompt"] == 32 and eff["decode_test"]["n_gen"] == 8 and eff["decode_test"]["n_depth"] == 32
-    assert a["engine"]["build"]["binary_sha256"] == llamacpp_build.load_manifest()["binaries"]["llama-bench"]["sha256"]
+    arts = _arts(tiny_store[1])
+    eff = arts["llama.cpp"]["execution"]["effective"]
+    assert eff["n_threads"] == 2 and eff["n_ctx_per_seq"] == 256 and eff["n_seq_max"] == 1
+    assert eff["cpu_affinity"] == [0, 1] and "CPU" in eff["system_info"]
+    assert arts["llama.cpp"]["engine"]["build"]["binary"] == "edge-bench"
+    bench = arts["llama-bench"]["execution"]["effective"]
+    assert bench["n_threads"] == 2 and bench["build_commit"] == "0c1e570"
+    assert bench["n_prompt"] == 32 and bench["decode_test"]["n_gen"] == 8 and bench["decode_test"]["n_depth"] == 32
+    assert arts["llama-bench"]["engine"]["build"]["binary_sha256"] == \
+        llamacpp_build.load_manifest()["binaries"]["llama-bench"]["sha256"]
 
 
 def test_vllm_effective_config_read_back(tiny_store):
     a = _arts(tiny_store[1])["vllm"]
     eff = a["execution"]["effective"]
-    assert eff["dtype"] == "float32" and eff["torch_threads"] == 2 and eff["max_model_len"] == 64
+    assert eff["dtype"] == "float32" and eff["torch_threads"] == 2 and eff["max_model_len"] == 256
     assert eff["enforce_eager"] is True and eff["runtime_plugin_loaded"] is True
     # default settings: the runtime sized the KV cache from the geometry, and that is what was allocated
     assert a["execution"]["requested"]["kv_cache_memory_bytes"] is None
     assert eff["kv_cache_memory_bytes"] == a["engine"]["overrides"]["kv-budget-from-geometry"]["effective"]
-    assert eff["kv_tokens"] >= 64
+    assert eff["kv_tokens"] >= 256
     assert {p["name"] for p in a["engine"]["patches"]} >= {"kv-budget-from-geometry", "explicit-kv-wins"}
     assert a["metrics"]["decode_tok_s"]["warmup_samples"]  # warm-ups flagged, not dropped
     assert a["residency"]["after_load"]["status"] == "ok"
@@ -103,3 +154,21 @@ def test_quantize_and_perplexity_binaries_run():
     for name in ("llama-quantize", "llama-perplexity", "llama-bench"):
         r = subprocess.run([str(llamacpp_build.binary(name)), "--help"], capture_output=True, text=True, timeout=60)
         assert "usage" in (r.stdout + r.stderr).lower()
+
+
+def test_check_fails_a_run_whose_engine_used_other_threads(tiny_store):
+    """Only the read-back rule can catch it: the id is recomputed after the edit, every field stays valid."""
+    a = _arts(tiny_store[1])["llama.cpp"]
+    assert check_doc(a, f"{a['id']}.json", verify_models=False) == [] or all(
+        ": harness.dirty:" in p for p in check_doc(a, f"{a['id']}.json", verify_models=False))
+    edited = json.loads(json.dumps(a))
+    edited["execution"]["settings"]["threads"]["effective"] = 1
+    edited.pop("id")
+    from harness.artifact import compute_id
+    edited["id"] = compute_id(edited)
+    problems = [p for p in check_doc(edited, f"{edited['id']}.json", verify_models=False) if ": harness.dirty:" not in p]
+    assert problems == [f"{edited['id']}.json: execution.settings.threads: requested 2, engine used 1"]
+    # an arm that declared threads observe-only is not failed for it
+    edited["execution"]["settings"]["threads"]["rule"] = "observe only (arm)"
+    edited["id"] = compute_id({k: v for k, v in edited.items() if k != "id"})
+    assert [p for p in check_doc(edited, f"{edited['id']}.json", verify_models=False) if "settings" in p] == []

@@ -122,3 +122,80 @@ def test_williams_carryover_balance(n):
     rows = schedule.williams(n)
     pairs = Counter((r[i], r[i + 1]) for r in rows for i in range(n - 1))
     assert len(set(pairs.values())) == 1 and len(pairs) == n * (n - 1)
+
+
+# ---- the engine contract at plan time: nothing runs ------------------------------------------------------
+
+CONTRACT_GRID = """
+name: contract
+model: smollm2-135m
+arms:
+  - {{name: cpp, engine: llama.cpp, form: gguf-f32}}
+  - {{name: late, engine: vllm, form: hf-fp32, options: {options}}}
+workload: {{prompt_len: 8, context_len: 256, gen_len: 4}}
+threads: 2
+"""
+
+
+@pytest.mark.parametrize("options,expected", [
+    ("{dtype: float32, turbo: true}", "arms[late].options.turbo: unknown option"),
+    ("{eager: sometimes}", "arms[late].options.eager: invalid value 'sometimes'"),
+    ("{max_num_seqs: 0}", "arms[late].options.max_num_seqs: invalid value 0"),
+    ("{engine_core: threads}", "arms[late].options.engine_core: invalid value 'threads'"),
+])
+def test_plan_refuses_bad_engine_options_before_anything_runs(write_grid, cli, tmp_path, options, expected):
+    g = write_grid(CONTRACT_GRID.format(options=options))
+    rc, out, err = cli("plan", g)
+    assert rc == 2 and expected in err and str(g) in err and len(err.strip().splitlines()) == 1
+    rc, out, err = cli("run", g, "--store", tmp_path / "store")
+    assert rc == 2 and expected in err and not (tmp_path / "store").exists()
+
+
+def test_plan_refuses_batch_an_engine_cannot_run(cli, write_grid):
+    g = write_grid("""
+        name: b
+        arms: [{name: a, engine: command, options: {cmd: "true"}}]
+        workload: {prompt_len: 1, context_len: 1, gen_len: 1}
+        axes: {batch: [1, 2]}
+        threads: 1
+    """)
+    rc, _, err = cli("plan", g)
+    assert rc == 2 and "axes.batch: 2 concurrent requests asked of arm 'a', but command runs at most 1" in err
+
+
+def test_llama_bench_refuses_warmups_it_cannot_do_and_batch():
+    arms = [{"name": "lb", "engine": "llama-bench", "form": "gguf-f32"}]
+    base = {"name": "g", "model": "smollm2-135m", "arms": arms, "threads": 2,
+            "workload": {"prompt_len": 8, "context_len": 256, "gen_len": 4}}
+    with pytest.raises(UserError, match=r"warmups: 3 asked of arm 'lb', but llama-bench can do 0 or 1"):
+        grid.from_dict({**base, "warmups": 3}, "g.yaml", "0" * 64)
+    with pytest.raises(UserError, match=r"workload.batch: 4 concurrent requests"):
+        grid.from_dict({**base, "workload": {**base["workload"], "batch": 4}}, "g.yaml", "0" * 64)
+
+
+def test_llamacpp_context_must_be_what_it_uses():
+    arms = [{"name": "cpp", "engine": "llama.cpp", "form": "gguf-f32"}]
+    with pytest.raises(UserError, match=r"workload.context_len: 300 .* would use 512"):
+        grid.from_dict({"name": "g", "model": "smollm2-135m", "arms": arms, "threads": 2,
+                        "workload": {"prompt_len": 8, "context_len": 300, "gen_len": 4}}, "g.yaml", "0" * 64)
+
+
+def test_exclude_keeps_an_arm_out_of_cells_it_cannot_run():
+    arms = [{"name": "cpp", "engine": "llama.cpp", "form": "gguf-f32"},
+            {"name": "lb", "engine": "llama-bench", "form": "gguf-f32"}]
+    spec = grid.from_dict({"name": "g", "model": "smollm2-135m", "arms": arms, "threads": 2, "axes": {"batch": [1, 2]},
+                           "exclude": [{"arm": "lb", "batch": 2}],
+                           "workload": {"prompt_len": 8, "context_len": 256, "gen_len": 4}}, "g.yaml", "0" * 64)
+    assert len(grid.expand(spec)) == 2
+
+
+def test_every_engine_implements_the_contract():
+    from harness.engines import ENGINES, get_engine
+    from harness.engines.base import Engine
+    for name in ENGINES:
+        e = get_engine(name)
+        assert isinstance(e, Engine) and e.name == name and e.metrics
+        assert e.Options.model_config.get("extra") == "forbid"
+    from harness.metrics import NAMES
+    assert set(NAMES) <= set(get_engine("llama.cpp").metrics) and set(NAMES) <= set(get_engine("vllm").metrics)
+    assert not set(NAMES) & set(get_engine("llama-bench").metrics)  # its own figures, its own names

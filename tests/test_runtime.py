@@ -42,6 +42,8 @@ def _worker(tmp_path, mode, extra_env=None, **cfg):
     model_dir = models.form_path("tiny-llama", "hf-fp32")
     c = {"model_dir": str(model_dir), "threads": 2, "prompt_len": 16, "gen_len": 4, "context_len": 64,
          "repetitions": 1, "warmups": 0, **cfg}
+    from harness.metrics import request_prompts
+    c["prompts"] = request_prompts("tiny-llama", c["prompt_len"], 1, c["warmups"] + c["repetitions"])
     (tmp_path / f"{mode}.json").write_text(json.dumps(c))
     env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_NUM_THREADS"}
     env.update({"EDGE_HARNESS_PATCHES": mode, **(extra_env or {})})
@@ -94,9 +96,12 @@ def test_dtype_auto_follows_isa():
 
 @pytest.mark.engines
 def test_one_thread_requested_one_thread_used(tmp_path):
-    """In-process, stock vLLM ignores the bind list (2 torch threads for a 1-CPU list); patched follows it."""
-    stock = _worker(tmp_path, "none", threads=1, cpus=[0])
-    patched = _worker(tmp_path, "all", threads=1, cpus=[0])
+    """In-process, stock vLLM ignores the bind list (2 torch threads for a 1-CPU list); patched follows it.
+    Both with an explicit small KV budget: stock's default wants ~0.9 of the machine's memory, which is
+    not what this test is about (test_default_settings_stock_vs_patched is)."""
+    small_kv = 1024 * 384
+    stock = _worker(tmp_path, "none", threads=1, cpus=[0], kv_cache_memory_bytes=small_kv)
+    patched = _worker(tmp_path, "all", threads=1, cpus=[0], kv_cache_memory_bytes=small_kv)
     assert stock["status"] == patched["status"] == "ok"
     import os
     if os.cpu_count() > 1:

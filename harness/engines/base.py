@@ -117,7 +117,7 @@ class Engine(ABC):
             self.Options(**arm.options)
         except ValidationError as e:
             err = e.errors()[0]
-            key = ".".join(str(x) for x in err["loc"]) or "options"
+            key = str(err["loc"][0]) if err["loc"] else "options"  # a union's member names are not the user's
             known = ", ".join(sorted(self.Options.model_fields))
             fix = f"known {self.name} options: {known}" if err["type"] == "extra_forbidden" else \
                 f"{err['msg']} (known {self.name} options: {known})"

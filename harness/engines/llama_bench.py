@@ -69,7 +69,7 @@ class LlamaBench(Engine):
 
     def engine_info(self) -> dict[str, Any]:
         m = llamacpp_build.load_manifest()
-        return {"name": "llama.cpp", "version": f"{m['source']['package']}=={m['source']['version']} (vendored)",
+        return {"name": "llama-bench", "version": f"{m['source']['package']}=={m['source']['version']} (vendored)",
                 "build_commit": m["build_commit"],
                 "build": {"flags": m["flags"], "compiler": m["compiler"], "build_key": m["build_key"],
                           "native_isa": m.get("native_isa", "unknown"), "sdist_sha256": m["source"]["sdist_sha256"],
