@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -156,23 +157,30 @@ def read_back_problems(a: Any, where: str) -> list[str]:
 
 
 def _check_model_files(a: Any, where: str) -> list[str]:
+    return [f"{where}: {p}" for p in _model_file_problems(a.model.name, tuple((f.path, f.sha256) for f in a.model.files))]
+
+
+@lru_cache(maxsize=256)
+def _model_file_problems(name: str, files: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """The recorded model files that differ from this machine's, once per distinct file list per process (a
+    store of thousands of runs of one model compares its files once, not once per artifact)."""
     from harness import models
-    if a.model.name not in models.MODELS:
-        return [f"{where}: model.name: unknown model {a.model.name!r}"]
+    if name not in models.MODELS:
+        return (f"model.name: unknown model {name!r}",)
     try:
-        root = models.model_dir(a.model.name)
+        root = models.model_dir(name)
     except Exception:
-        return []
+        return ()
     if not root.exists():
-        return []  # the model is not prepared here: nothing local to compare with
+        return ()  # the model is not prepared here: nothing local to compare with
     cache = _sha_cache()
     out = []
-    for f in a.model.files:
-        p = root / f.path  # an absolute path (a fidelity build given as a file) stays as it is
-        if p.exists() and cache.sha256(p) != f.sha256:
-            out.append(f"{where}: model.files[{f.path}].sha256: differs from the local file {p}")
+    for rel, sha in files:
+        p = root / rel  # an absolute path (a fidelity build given as a file) stays as it is
+        if p.exists() and cache.sha256(p) != sha:
+            out.append(f"model.files[{rel}].sha256: differs from the local file {p}")
     cache.save()
-    return out
+    return tuple(out)
 
 
 def iter_artifact_paths(paths: Iterable[str]) -> tuple[list[Path], list[str]]:
@@ -226,6 +234,7 @@ def check(paths: Iterable[str], verify_models: bool = True, allow_unknown_commit
     """(number of artifacts checked, problems). Large stores are checked on every CPU this process may use
     (each file independently; the cross-file checks, duplicate ids and fidelity references, run after)."""
     files, problems = iter_artifact_paths(paths)
+    _model_file_problems.cache_clear()  # model files are compared afresh by every check
     workers = min(len(os.sched_getaffinity(0)), 8)
     if len(files) >= PARALLEL_FROM and workers > 1:
         from concurrent.futures import ProcessPoolExecutor

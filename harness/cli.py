@@ -54,7 +54,8 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     from harness import llamacpp_build
     m = llamacpp_build.build(rebuild=args.rebuild)
-    llamacpp_build.tool("edge-fidelity")
+    for name in ("edge-bench", "edge-fidelity"):  # the project's tools, linked against this build
+        llamacpp_build.tool(name)
     print(json.dumps({k: m[k] for k in ("build_commit", "build_key", "compiler", "flags")}, indent=2))
     return 0
 

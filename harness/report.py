@@ -24,7 +24,7 @@ from harness.artifact import RunArtifact
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
 from harness.probe import describe
-from harness.store import Store, load_path
+from harness.store import Store, load_many
 
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
@@ -147,6 +147,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "n_all": len(all_arts), "n_older": len(older), "older_series": older_series,
         "older_status": _status_counts(older) if older else "", "fingerprint": fingerprint,
         "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
+        "arm_forms": {a.grid.arm: (a.engine.name, a.model.form) for a in ok},
         "family": _family_text(an), "between": between, "definitions_note": _definitions_note(tables),
         "host": describe(first.host.model_dump()), "host_key": first.host.key, "slug": f"{name}-{first.host.key}",
         "kernels": sorted({str(a.host.get("kernel")) for a in arts}),
@@ -209,10 +210,9 @@ def collect(store_dirs: list[str]) -> Collected:
     references = []
     for d in store_dirs:
         st = Store(Path(d))
-        for p in st.iter_paths():
-            if p.parent.parent.name == "quality":
-                continue  # references (large): read through their fidelity artifacts, never rendered
-            a = load_path(p)
+        # references (large) are read through their fidelity artifacts, never rendered
+        paths = [p for p in st.iter_paths() if p.parent.parent.name != "quality"]
+        for a in load_many(Path(d), paths):
             where.setdefault(a.id, str(d))
             if a.kind == "run":
                 by_grid[a.grid.name].append(a)
@@ -536,8 +536,9 @@ def format_hosts(rows: list[dict]) -> str:
 BLOCKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
     "published": ("readme.md.j2", ("vllm-vs-llamacpp", "batch-sweep", "llamacpp-baseline", "quickstart"),
                   ("decode_tok_s", "ttft_s", "prefill_tok_s", "itl_p50_s", "itl_p99_s", "output_tok_s")),
-    "definitions": ("evidence.md.j2", ("llama-bench-vs-request",),
-                    ("decode_tok_s", "bench_tg_tok_s", "prefill_tok_s", "bench_pp_tok_s")),
+    "runtime": ("evidence.md.j2", ("runtime-startup", "runtime-patches"),
+                ("startup_s", "decode_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mib")),
+    "definitions": ("definitions.md.j2", ("llama-bench-vs-request",), ()),
     "evidence": ("evidence.md.j2", ("planted-interleaved", "planted-sequential", "noise-aa", "footprint-llamacpp",
                                     "footprint-vllm"), None),
 }
@@ -582,12 +583,39 @@ def pivot(section: dict, metrics: tuple[str, ...] | None = None) -> list[dict]:
     return out
 
 
+# The same build measured as requests (llama.cpp engine) and by llama-bench: (request metric, llama-bench metric)
+DEFINITION_PAIRS = (("decode_tok_s", "bench_tg_tok_s"), ("prefill_tok_s", "bench_pp_tok_s"))
+
+
+def definition_pairs(section: dict) -> list[dict]:
+    """Per cell and model form measured both ways: the request figure, llama-bench's, and their quotient
+    (medians over passes; a quotient of medians, not a paired ratio: the two are different quantities)."""
+    med = {(t["metric"], r["arm"], r["cell_short"] or r["cell"]): r["median_value"] for t in section["tables"]
+           for r in t["rows"]}
+    by_form: dict[str, dict[str, str]] = {}
+    for arm, (engine, form) in section.get("arm_forms", {}).items():
+        by_form.setdefault(form, {})[engine] = arm
+    out = []
+    for cell in sorted({k[2] for k in med}):
+        for form, arms in sorted(by_form.items()):
+            if {"llama.cpp", "llama-bench"} - set(arms):
+                continue
+            row = {"cell": cell, "form": form, "figures": []}
+            for req, bench in DEFINITION_PAIRS:
+                a, b = med.get((req, arms["llama.cpp"], cell)), med.get((bench, arms["llama-bench"], cell))
+                row["figures"].append({"request": _fmt(a) if a else "-", "bench": _fmt(b) if b else "-",
+                                       "quotient": f"{a / b:.2f}" if a and b else "-"})
+            out.append(row)
+    return out
+
+
 def render_block(name: str, ctx: dict) -> str:
     template, grids, metrics = BLOCKS[name]
     begin, end = block_markers(name)
     secs = [sec for g in grids for sec in ctx["sections"] if sec["name"] == g]
     return _env().get_template(template).render(
-        sections=[{**sec, "pivots": pivot(sec, metrics)} for sec in secs], fidelity=ctx["fidelity"],
+        sections=[{**sec, "pivots": pivot(sec, metrics), "pairs": definition_pairs(sec)} for sec in secs],
+        fidelity=ctx["fidelity"],
         ceilings=ctx["ceilings"], hosts=ctx["hosts"], begin=begin, end=end).rstrip("\n")
 
 
