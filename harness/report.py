@@ -24,7 +24,7 @@ from harness.artifact import RunArtifact
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
 from harness.probe import describe
-from harness.store import Store, load_many
+from harness.store import Store, load_path
 
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
@@ -212,7 +212,7 @@ def collect(store_dirs: list[str]) -> Collected:
         st = Store(Path(d))
         # references (large) are read through their fidelity artifacts, never rendered
         paths = [p for p in st.iter_paths() if p.parent.parent.name != "quality"]
-        for a in load_many(Path(d), paths):
+        for a in map(load_path, paths):
             where.setdefault(a.id, str(d))
             if a.kind == "run":
                 by_grid[a.grid.name].append(a)

@@ -5,15 +5,12 @@ Reading is strict: a file that does not parse or validate is reported, never rep
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import pickle
 import tempfile
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from harness.artifact import RunArtifact, dumps, parse
 from harness.errors import UserError
@@ -79,67 +76,3 @@ def load_path(path: Path) -> RunArtifact:
         field = ".".join(str(x) for x in err["loc"])
         raise UserError(str(path), f"{field}: {err['msg']}", "restore the artifact from git") from e
 
-
-# ---- reading many artifacts fast: a cache of parsed artifacts, and parsing in parallel when cold ---------
-
-CACHE_NAME = ".parsed.pickle"  # in the store root, git-ignored: derived data, never an artifact
-PARALLEL_FROM = 400  # files to parse; below this a process pool costs more than it saves
-
-
-@lru_cache(maxsize=1)
-def _code_key() -> str:
-    """The artifact models' source: a cache written by other model code is not read."""
-    src = Path(__file__).with_name("artifact.py").read_bytes()
-    return hashlib.sha256(src).hexdigest()[:16]
-
-
-def _parse_chunk(paths: list[str]) -> list[Any]:
-    return [load_path(Path(p)) for p in paths]
-
-
-def load_many(root: Path, paths: list[Path]) -> list[Any]:
-    """Parsed artifacts of `paths` (all under the store `root`), in order. A file whose size and mtime match
-    the cache (`root/.parsed.pickle`) is taken from it; the others are parsed (in a process pool when many)
-    and the cache rewritten. Strictness is unchanged: a file that does not parse raises as load_path does."""
-    cache_path = root / CACHE_NAME
-    cached: dict[str, tuple[int, int, Any]] = {}
-    try:
-        with open(cache_path, "rb") as f:
-            head, body = pickle.load(f)
-        if head == _code_key():
-            cached = body
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError, ImportError):
-        pass
-    out: list[Any] = [None] * len(paths)
-    keys, todo = [], []
-    for i, p in enumerate(paths):
-        st = p.stat()
-        key = str(p.relative_to(root))
-        keys.append((key, st.st_size, st.st_mtime_ns))
-        hit = cached.get(key)
-        if hit is not None and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
-            out[i] = hit[2]
-        else:
-            todo.append(i)
-    if todo:
-        workers = min(len(os.sched_getaffinity(0)), 8)
-        if len(todo) >= PARALLEL_FROM and workers > 1:
-            from concurrent.futures import ProcessPoolExecutor
-            n = max(1, len(todo) // (workers * 4))
-            chunks = [[str(paths[i]) for i in todo[j:j + n]] for j in range(0, len(todo), n)]
-            with ProcessPoolExecutor(workers) as pool:
-                parsed = [a for chunk in pool.map(_parse_chunk, chunks) for a in chunk]
-        else:
-            parsed = [load_path(paths[i]) for i in todo]
-        for i, a in zip(todo, parsed):
-            out[i] = a
-    if todo or len(cached) != len(paths):
-        body = {k: (size, mtime, a) for (k, size, mtime), a in zip(keys, out)}
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-parsed-", dir=root)
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump((_code_key(), body), f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, cache_path)
-        except OSError:
-            pass  # a read-only store is read without a cache
-    return out

@@ -213,24 +213,3 @@ def test_check_fails_an_enforced_setting_the_engine_did_not_use(one):
     edited["id"] = artifact.compute_id(edited)
     assert "not read back" in _problems(edited, f"{edited['id']}.json")[0]
 
-
-def test_load_many_cache_serves_unchanged_files_and_reparses_changed_ones(store, tmp_path):
-    import shutil
-    from harness.store import CACHE_NAME, load_many
-    root = tmp_path / "copy"
-    shutil.copytree(store, root)
-    paths = list(Store(root).iter_paths())
-    cold = load_many(root, paths)
-    assert (root / CACHE_NAME).exists() and [a.id for a in cold] == [p.stem for p in paths]
-    warm = load_many(root, paths)
-    assert warm == cold
-    # a file replaced by other content is parsed again, never served from the cache
-    victim = paths[0]
-    victim.write_text(victim.read_text().replace('"status": "ok"', '"status": "failed"', 1) + " ")
-    os.utime(victim, ns=(1, 1))
-    again = load_many(root, paths)
-    assert again[0].status == "failed" and again[1:] == cold[1:]
-    # strict as ever: a truncated file raises, cache or not
-    victim.write_text("{")
-    with pytest.raises(UserError, match="invalid JSON"):
-        load_many(root, paths)
