@@ -13,11 +13,10 @@ The definition texts below are written into every artifact's metrics, the same t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
-import statistics
 from functools import lru_cache
-from typing import Any
 
 # name -> (unit, higher_is_better, definition)
 REQUEST_METRICS: dict[str, tuple[str, bool, str]] = {
@@ -121,13 +120,9 @@ def request_prompts(model: str, prompt_len: int, batch: int, repetitions: int) -
 
 
 def prompts_hash(prompts: list[list[list[int]]]) -> str:
-    import hashlib
     h = hashlib.sha256()
     for rep in prompts:
         for ids in rep:
             h.update(json.dumps(ids).encode())
     return h.hexdigest()
 
-
-def summary(metrics: dict[str, dict]) -> dict[str, Any]:
-    return {k: statistics.median(v["samples"]) for k, v in metrics.items() if v.get("samples")}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import artifact, grid, models, provenance
+from harness.check import read_back_problems
 from harness.engines import get_engine
 from harness.engines.base import EngineResult, RunContext
 from harness.errors import UserError
@@ -196,7 +197,6 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
             brief = ", ".join(f"{k} median {statistics.median(a.metrics[k].samples):.4g} {a.metrics[k].unit}"
                               for k in shown)
             print(f"    ok in {durations[-1]:.1f} s {brief}", file=out, flush=True)
-            from harness.check import read_back_problems
             for problem in read_back_problems(a, "    read-back"):
                 print(problem, file=out, flush=True)
         else:

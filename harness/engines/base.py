@@ -114,7 +114,7 @@ class Engine(ABC):
         workload this engine cannot honour. `workload`: field -> (where the grid sets it, the values it takes).
         Errors name `arms[NAME].options.KEY` or the workload field."""
         try:
-            self.Options(**arm.options)
+            opts = self.Options(**arm.options)
         except ValidationError as e:
             err = e.errors()[0]
             key = str(err["loc"][0]) if err["loc"] else "options"  # a union's member names are not the user's
@@ -133,7 +133,7 @@ class Engine(ABC):
             raise UserError(path, f"warmups: {warmups} asked of arm {arm.name!r}, but {self.name} can do "
                                   f"{' or '.join(map(str, self.warmup_values))}",
                             f"set warmups to {self.warmup_values[-1]} or use another engine")
-        self.validate_options(path, arm, self.Options(**arm.options), workload)
+        self.validate_options(path, arm, opts, workload)
 
     def validate_options(self, path: str, arm: "Arm", opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         """Checks across options and workload, beyond types (an engine may add its own)."""

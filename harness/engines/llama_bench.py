@@ -12,12 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
-
-from harness import llamacpp_build, models
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
+
+from harness import llamacpp_build, models
 
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
                                   setting, tail)
