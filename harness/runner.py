@@ -20,7 +20,7 @@ from harness.engines.base import EngineResult, RunContext
 from harness.errors import UserError
 from harness.residency import files_residency
 from harness.schedule import RunSpec, schedule
-from harness.store import Store, load_path
+from harness.store import Store, gc_paused, load_path
 
 NO_MODEL = "none"
 
@@ -44,8 +44,9 @@ def existing(store: Store, spec: grid.GridSpec, new_series: bool = False,
     by_key: dict[str, list] = {}
     other_sha = set()
     other_hosts = 0
-    for p in store.iter_paths(spec.name):
-        a = load_path(p)
+    with gc_paused():
+        arts = [load_path(p) for p in store.iter_paths(spec.name)]
+    for a in arts:
         if a.host.key != host_key:
             other_hosts += 1
             continue

@@ -5,6 +5,8 @@ Reading is strict: a file that does not parse or validate is reported, never rep
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import tempfile
@@ -56,18 +58,38 @@ class Store:
         base = self.grid_dir(grid_name) if grid_name else self.root
         if not base.exists():
             return
-        yield from sorted(p for p in base.rglob("*.json") if not p.name.startswith(".tmp-"))
+        yield from sorted((p for p in base.rglob("*.json") if not p.name.startswith(".tmp-")), key=os.fspath)
 
     def load_grid(self, grid_name: str) -> list[RunArtifact]:
-        return [load_path(p) for p in self.iter_paths(grid_name)]
+        with gc_paused():
+            return [load_path(p) for p in self.iter_paths(grid_name)]
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while many artifacts are read. Parsed artifacts are trees
+    (no reference cycles), but each allocates hundreds of containers, and every 700 allocations the
+    collector rescans the young objects: over 10,000 artifacts that was 60% of the reading time (make bench).
+    Reference counting still frees everything; the collector resumes, as it was, on exit."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def load_path(path: Path) -> RunArtifact:
-    text = read_utf8(path, "restore the artifact from git")
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise UserError(str(path), f"invalid JSON: {e}", "restore the artifact from git (truncated?)") from e
+    import pydantic_core
+    try:  # the fast parser; anything it refuses is read again below, for the standard library's error
+        doc = pydantic_core.from_json(path.read_bytes(), allow_inf_nan=False)
+    except (OSError, ValueError):
+        text = read_utf8(path, "restore the artifact from git")
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise UserError(str(path), f"invalid JSON: {e}", "restore the artifact from git (truncated?)") from e
     from pydantic import ValidationError
     try:
         return parse(doc, str(path))

@@ -111,6 +111,17 @@ def test_changing_any_value_fails(one, data):
         (not v) if isinstance(v, bool) else f"{v}x")
     assert any("id: does not match" in p or ": " in p for p in _problems(d)), path
     assert any("id: does not match" in p for p in check.check_doc(d, "x.json")), path
+    assert any("id: does not match" in p for p in check.check_doc(d, "x.json", finite=True)), path  # the fast way
+
+
+def test_nan_where_null_was_is_caught(one, tmp_path):
+    """orjson writes NaN as null: a file whose null became NaN must not pass the fast id check."""
+    p, doc = one
+    assert '"error": null' in p.read_text()
+    bad = tmp_path / p.name
+    bad.write_text(p.read_text().replace('"error": null', '"error": NaN'))
+    n, problems = check.check([str(bad)], verify_models=False, allow_unknown_commit=True)
+    assert n == 1 and any("id: content is not canonical JSON" in x for x in problems), problems
 
 
 def test_future_schema_refused(one):

@@ -71,3 +71,21 @@ def test_coverage_write_refuses_a_file_without_markers(tmp_path, capsys):
     err = capsys.readouterr().err
     assert str(doc) in err and "markers" in err and len(err.strip().splitlines()) == 1
     assert doc.read_text() == "kept\n"
+
+
+@given(st.lists(st.floats(min_value=1e-3, max_value=1e6, allow_nan=False), min_size=1, max_size=40),
+       st.sampled_from([0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95]))
+def test_quantile_is_numpys_to_the_last_bit(values, q):
+    import numpy as np
+    from harness.stats import quantile
+    assert quantile(sorted(values), q) == float(np.quantile(values, q))
+
+
+@given(st.integers(min_value=1, max_value=300), st.data())
+def test_clopper_pearson_matches_scipys_beta_quantiles(n, data):
+    from scipy.special import betaincinv
+    k = data.draw(st.integers(min_value=0, max_value=n))
+    lo, hi = stats.clopper_pearson(k, n)
+    want_lo = 0.0 if k == 0 else float(betaincinv(k, n - k + 1, 0.025))
+    want_hi = 1.0 if k == n else float(betaincinv(k + 1, n - k, 0.975))
+    assert abs(lo - want_lo) < 1e-9 and abs(hi - want_hi) < 1e-9
