@@ -94,6 +94,9 @@ class Execution(Frozen):
                           "the read-back rule")
     observe: Literal["full", "bare"] = Field("full", description="full: memory poller during the run and residency "
                                              "scans around it; bare: neither (measures what observing costs)")
+    emulation: dict[str, Any] | None = Field(None, description="the hardware class the run emulated: each cap (cores, "
+                                             "memory, isa) as requested, applied and read back, with its status "
+                                             "(emulated, or not emulated: why); null when native")
 
 
 class Workload(Frozen):

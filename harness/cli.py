@@ -19,8 +19,31 @@ def cmd_probe(args: argparse.Namespace) -> int:
         path = ceiling.measure(args.max_threads, args.repetitions, args.store)
         print(f"wrote {path}")
         return 0
+    from harness.hardware import describe_machine
     from harness.probe import probe
-    print(json.dumps(probe(), indent=2, sort_keys=True))
+    host = probe()
+    print(json.dumps({**host, "hardware": describe_machine(host)}, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_adapt(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harness import hardware
+    from harness.provenance import current_host_key
+    prof = hardware.current_profile(args.hw_class)
+    rows = hardware.adapt(args.model, prof, args.context_len, args.gen_len, Path(args.store) if args.store else None,
+                          current_host_key())
+    if args.json:
+        print(json.dumps({"profile": prof, "settings": rows}, indent=2, default=str))
+        return 0
+    print(f"# {args.model} on {prof.get('class') or hardware.class_name_of(prof)} ({prof['source']}), "
+          f"context {args.context_len}, gen {args.gen_len}")
+    for engine, settings in rows.items():
+        print(f"\n## {engine}\n")
+        print("| setting | value | rule | evidence |\n| --- | --- | --- | --- |")
+        for r in settings:
+            print(f"| {r['setting']} | {r['value']} | {r['rule']} | {r['evidence']} |")
     return 0
 
 
@@ -53,9 +76,14 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from harness import llamacpp_build
-    m = llamacpp_build.build(rebuild=args.rebuild)
-    for name in ("edge-bench", "edge-fidelity"):  # the project's tools, linked against this build
-        llamacpp_build.tool(name)
+    if args.isa:  # a build capped at an ISA tier, for hardware emulation (runs only: edge-bench)
+        with llamacpp_build.variant(args.isa):
+            m = llamacpp_build.build(rebuild=args.rebuild)
+            llamacpp_build.tool("edge-bench")
+    else:
+        m = llamacpp_build.build(rebuild=args.rebuild)
+        for name in ("edge-bench", "edge-fidelity"):  # the project's tools, linked against this build
+            llamacpp_build.tool(name)
     print(json.dumps({k: m[k] for k in ("build_commit", "build_key", "compiler", "flags")}, indent=2))
     return 0
 
@@ -173,6 +201,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--store", default="baselines", help="where the calibration artifact goes (<store>/calibration/)")
     sp.set_defaults(func=cmd_probe)
 
+    sa = sub.add_parser("adapt", help="the settings each engine should use on this machine or a hardware class")
+    sa.add_argument("--model", required=True, help="a prepared model (harness models list)")
+    sa.add_argument("--class", dest="hw_class", default=None,
+                    help="a hardware class (grids/hardware/NAME.yaml); default: EDGE_HARNESS_HW_PROFILE, else this machine")
+    sa.add_argument("--context-len", type=int, default=1024)
+    sa.add_argument("--gen-len", type=int, default=128)
+    sa.add_argument("--store", default=None, help="where measured costs are read (default: artifacts/)")
+    sa.add_argument("--json", action="store_true")
+    sa.set_defaults(func=cmd_adapt)
+
     sm = sub.add_parser("models", help="build and list the model zoo")
     msub = sm.add_subparsers(dest="models_verb", required=True)
     mp = msub.add_parser("prepare", help="build (or verify) the model zoo in the cache")
@@ -187,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sb = sub.add_parser("build", help="build the pinned llama.cpp (cached outside the checkout)")
     sb.add_argument("--rebuild", action="store_true")
+    sb.add_argument("--isa", default=None, help="build the variant capped at this x86 ISA tier (baseline, avx2, avx512, "
+                    "avx512-bf16) for hardware emulation; the runner builds it on first use otherwise")
     sb.set_defaults(func=cmd_build)
 
     spl = sub.add_parser("plan", help="expansion and exact run order; no engine started")

@@ -18,12 +18,14 @@ from harness.paths import read_utf8
 
 WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
 # replicate: a label only (repeats of one cell, e.g. for A/A calibration); batch: concurrent requests
-AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form", "replicate")
+AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form", "replicate", "hardware")
+STRING_AXES = ("form", "hardware")  # hardware: a class of grids/hardware/ to emulate, or native
 ORDERS = ("interleaved", "sequential", "random")
 TOP_FIELDS = {"kind", "name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
               "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads", "primary"}
 PRIMARY_FIELDS = {"metrics", "arms", "cells"}
-ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa", "observe", "observe_only"}
+ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa", "observe", "observe_only",
+              "hardware"}
 OBSERVE = ("full", "bare")
 WHY_NO_DEFAULTS = "each of prompt_len, context_len, gen_len has produced a wrong conclusion when left at a default"
 
@@ -43,6 +45,8 @@ class Arm:
     observe: str = "full"
     # settings recorded as read back but not enforced by `harness check` (names of base.SETTINGS or options.KEY)
     observe_only: tuple[str, ...] = ()
+    # a hardware class (grids/hardware/NAME.yaml) this arm runs under, emulated (harness/emulate.py); None: native
+    hardware: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,9 +190,13 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
                                                for x in oo):
             raise _err(path, f"{f}.observe_only", f"must be a list of settings, got {oo!r}",
                        f"settings: {', '.join(SETTINGS)}, or options.KEY")
+        hw = ra.get("hardware")
+        if hw is not None and not isinstance(hw, str):
+            raise _err(path, f"{f}.hardware", f"must be a class name, got {hw!r}", "see grids/hardware/")
         arms.append(Arm(name=an, engine=ra["engine"], form=ra.get("form"), options=opts,
                         env={k: str(v) for k, v in env.items()}, patches=ra.get("patches"), cpus=cpus,
-                        numa=ra.get("numa"), observe=observe, observe_only=tuple(oo)))
+                        numa=ra.get("numa"), observe=observe, observe_only=tuple(oo),
+                        hardware=None if hw == "native" else hw))
     if model == "none" and any(a.engine != "command" for a in arms):
         raise _err(path, "model", "is required when an arm runs a model engine", f"known: {', '.join(sorted(MODELS))}")
     names = [a.name for a in arms]
@@ -205,9 +213,11 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
         vals = v if isinstance(v, list) else [v]
         if not vals:
             raise _err(path, f"axes.{k}", "must list at least one value")
-        if k != "form":
+        if k not in STRING_AXES:
             for x in vals:
                 _int(path, f"axes.{k}", x)
+        elif not all(isinstance(x, str) and x for x in vals):
+            raise _err(path, f"axes.{k}", f"must list names, got {vals!r}")
         axes[k] = vals
 
     workload = doc.get("workload") or {}
@@ -274,6 +284,50 @@ def _validate_engines(spec: GridSpec) -> None:
         values = {k: (f"axes.{k}" if k in spec.axes else f"workload.{k}", {c.params[k] for c in mine})
                   for k in ("batch", "context_len", "prompt_len", "gen_len") if mine and k in mine[0].params}
         engine_class(a.engine)().validate(spec.path, a, values, spec.warmups)
+        for c in mine:
+            _validate_hardware(spec, a, c)
+
+
+def hardware_of(arm: Arm, params: dict) -> str | None:
+    """The hardware class a run emulates: the cell's hardware axis, else the arm's; native is None."""
+    hw = params.get("hardware") or arm.hardware
+    return None if hw in (None, "native") else hw
+
+
+def _validate_hardware(spec: GridSpec, arm: Arm, cell: Cell) -> None:
+    """A run under a hardware class: this machine can emulate it at the run's threads, and (for model engines)
+    the class's memory admits the cell's sequences (the admission rule, with its numbers)."""
+    name = hardware_of(arm, cell.params)
+    auto = any(arm.options.get(k) == "auto" for k in ("max_num_seqs", "kv_cache_memory_bytes"))
+    if name is None and not auto:
+        return
+    from harness import emulate, hardware
+    where = f"{spec.path}: arms[{arm.name}] cell {cell.id}"
+    threads = int(arm.options.get("threads") or cell.params.get("threads") or 1)
+    prof = hardware.current_profile(name) if name else hardware.current_profile()
+    if name:
+        emulate.plan(name, threads, arm.cpus, where)
+    if arm.engine not in ("vllm", "llama.cpp") or spec.model == "none":
+        return
+    batch, ctxlen = int(cell.params.get("batch", 1)), int(cell.params["context_len"])
+    if arm.engine == "vllm":
+        dtype = arm.options.get("dtype")
+        if dtype == "auto":
+            dtype = hardware.derive_dtype(prof, "vllm")[0]
+        elif dtype is None:
+            dtype = "bfloat16" if (cell.params.get("form") or arm.form) == "hf-bf16" else "float32"
+        adm = hardware.vllm_admission(spec.model, prof, dtype, ctxlen)
+    else:
+        form = cell.params.get("form") or arm.form or "gguf-f32"
+        if form == "auto":
+            form = f"gguf-{hardware.derive_dtype(prof, 'llama.cpp')[0]}"
+        adm = hardware.llamacpp_admission(spec.model, prof, form, ctxlen)
+    if adm["max_num_seqs"] < batch:
+        raise UserError(where, f"does not fit {prof['source']}: {adm['max_num_seqs']} sequence(s) of context "
+                               f"{ctxlen} admitted, batch {batch} asked (available {adm['available_bytes']} B - weights "
+                               f"{adm['weights_bytes']} B - overhead {adm['overhead_bytes']} B, "
+                               f"{adm['kv_bytes_per_sequence']} B of KV per sequence)",
+                        "lower the batch or context_len, or choose a class with more memory")
 
 
 def _primary(path: str, raw: Any, arms: list[Arm], baseline: str) -> dict | None:

@@ -7,6 +7,8 @@ Run by `harness build` (and so by `make`).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -29,6 +31,7 @@ SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 EXPECTED_COMMIT = "0c1e570"
 
 TARGETS = ("llama-bench", "llama-completion", "llama-quantize", "llama-perplexity", "llama-tokenize")
+VARIANT_TARGETS = ("llama-bench",)  # an ISA variant serves runs only (models come from the native build)
 
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -44,6 +47,54 @@ CMAKE_FLAGS = (
 )
 
 
+_OFF = ("-DGGML_AVX=OFF", "-DGGML_AVX2=OFF", "-DGGML_FMA=OFF", "-DGGML_F16C=OFF", "-DGGML_BMI2=OFF", "-DGGML_AVX_VNNI=OFF",
+        "-DGGML_AVX512=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF")
+
+
+def _on(*names: str) -> tuple[str, ...]:
+    on = {f"-DGGML_{n}=OFF" for n in names}
+    return tuple(f.replace("=OFF", "=ON") if f in on else f for f in _OFF)
+
+
+# Builds capped at an x86 ISA tier (hardware emulation, docs/hardware.md): GGML_NATIVE off, the tier's
+# instruction sets on and every higher one off; the project's tools compiled for the same tier.
+ISA_VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "baseline": (("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", *_OFF), ("-march=x86-64-v2",)),
+    "avx2": (("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", *_on("AVX", "AVX2", "FMA", "F16C", "BMI2")), ("-march=x86-64-v3",)),
+    "avx512": (("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", *_on("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512",
+                                                          "AVX512_VNNI")), ("-march=x86-64-v4", "-mavx512vnni")),
+    "avx512-bf16": (("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", *_on("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512",
+                                                               "AVX512_VNNI", "AVX512_BF16")),
+                    ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16")),
+}
+# The ISA variant in use (None: the native build). Set with `variant(tier)`; every path below follows it.
+_VARIANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("llamacpp_isa_variant", default=None)
+
+
+@contextlib.contextmanager
+def variant(tier: str | None):
+    """Use the build capped at an ISA tier (None: native) inside the block."""
+    if tier is not None and tier not in ISA_VARIANTS:
+        raise UserError(tier, "no llama.cpp build variant for this ISA tier", f"known: {', '.join(ISA_VARIANTS)}")
+    token = _VARIANT.set(tier)
+    try:
+        yield
+    finally:
+        _VARIANT.reset(token)
+
+
+def cmake_flags() -> tuple[str, ...]:
+    v = _VARIANT.get()
+    if v is None:
+        return CMAKE_FLAGS
+    return tuple(f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON") + ISA_VARIANTS[v][0]
+
+
+def tool_march() -> tuple[str, ...]:
+    v = _VARIANT.get()
+    return ("-march=native",) if v is None else ISA_VARIANTS[v][1]
+
+
 def native_isa() -> str:
     """GGML_NATIVE compiles for this CPU: its ISA flags are part of what the binaries are."""
     try:
@@ -57,8 +108,11 @@ def native_isa() -> str:
 
 
 def _key_payload() -> dict:
-    return {"sdist_sha256": SDIST_SHA256, "flags": list(CMAKE_FLAGS), "targets": list(TARGETS),
-            "native_isa": native_isa()}
+    if _VARIANT.get() is None:  # the native build's key, unchanged by variants existing
+        return {"sdist_sha256": SDIST_SHA256, "flags": list(CMAKE_FLAGS), "targets": list(TARGETS),
+                "native_isa": native_isa()}
+    return {"sdist_sha256": SDIST_SHA256, "flags": list(cmake_flags()), "targets": list(VARIANT_TARGETS),
+            "isa_variant": _VARIANT.get()}
 
 
 def code_key() -> str:
@@ -197,17 +251,18 @@ def build(rebuild: bool = False) -> dict:
         os.replace(top / "vendor" / "llama.cpp", src)
         shutil.rmtree(stage / "x")
         bdir = stage / "build"
-        flags = list(CMAKE_FLAGS) + [f"-DLLAMA_BUILD_COMMIT={commit}", "-DLLAMA_BUILD_NUMBER=0"]
+        flags = list(cmake_flags()) + [f"-DLLAMA_BUILD_COMMIT={commit}", "-DLLAMA_BUILD_NUMBER=0"]
+        targets = TARGETS if _VARIANT.get() is None else VARIANT_TARGETS
         print(f"[llama.cpp] configuring {commit} in {stage}", file=sys.stderr)
         subprocess.run([cmake, "-S", str(src), "-B", str(bdir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags],
                        check=True, stdout=subprocess.DEVNULL)
-        print(f"[llama.cpp] building {', '.join(TARGETS)} (a cold build takes ~6-13 min on 2 cores)", file=sys.stderr)
-        subprocess.run([cmake, "--build", str(bdir), "--target", *TARGETS, "-j", str(os.cpu_count() or 1)], check=True)
+        print(f"[llama.cpp] building {', '.join(targets)} (a cold build takes ~6-13 min on 2 cores)", file=sys.stderr)
+        subprocess.run([cmake, "--build", str(bdir), "--target", *targets, "-j", str(os.cpu_count() or 1)], check=True)
         bins = stage / "bin"
         bins.mkdir()
         final_bins = out / "bin"
         binaries = {}
-        for t in TARGETS:
+        for t in targets:
             p = bdir / "bin" / t
             shutil.copy2(p, bins / t)
             binaries[t] = {"path": str(final_bins / t), "sha256": sha256_file(bins / t), "size": (bins / t).stat().st_size}
@@ -230,8 +285,9 @@ def build(rebuild: bool = False) -> dict:
             "cmake": _first_line([cmake, "--version"]),
             "compiler": _first_line([cache.get("CMAKE_CXX_COMPILER", cxx), "--version"]),
             "compiler_path": cache.get("CMAKE_CXX_COMPILER", cxx),
-            "native": True,
-            "native_isa": native_isa(),
+            "native": _VARIANT.get() is None,
+            "native_isa": native_isa() if _VARIANT.get() is None else None,
+            "isa_variant": _VARIANT.get(),
             "binaries": binaries,
             "static_libs": sorted(a.name for a in libs.iterdir()),
             "source_dir": str(out / "src"),
@@ -265,11 +321,11 @@ def tool(name: str) -> Path:
     Cached beside the build, keyed by the tool's source sha256: editing the tool recompiles only it.
     Verified (or compiled) once per process.
     """
-    return _tool(name, str(build_dir()), sha256_file(NATIVE_DIR / f"{name}.cpp"))
+    return _tool(name, str(build_dir()), sha256_file(NATIVE_DIR / f"{name}.cpp"), tool_march())
 
 
 @lru_cache(maxsize=None)
-def _tool(name: str, _build_dir: str, digest: str) -> Path:
+def _tool(name: str, _build_dir: str, digest: str, march: tuple[str, ...]) -> Path:
     src = NATIVE_DIR / f"{name}.cpp"
     manifest = load_manifest()
     if "static_libs" not in manifest:
@@ -288,7 +344,7 @@ def _tool(name: str, _build_dir: str, digest: str) -> Path:
     srcdir = Path(manifest["source_dir"])
     libdir = build_dir() / "lib"
     stage = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=build_dir()))
-    cmd = [cxx, "-O2", "-std=c++17", "-march=native", f"-I{srcdir / 'include'}", f"-I{srcdir / 'ggml' / 'include'}",
+    cmd = [cxx, "-O2", "-std=c++17", *march, f"-I{srcdir / 'include'}", f"-I{srcdir / 'ggml' / 'include'}",
            f"-I{srcdir / 'vendor'}", str(src), *[str(libdir / lib) for lib in TOOL_LIBS],
            "-fopenmp", "-lpthread", "-ldl", "-lm", "-o", str(stage / name)]
     t0 = time.time()

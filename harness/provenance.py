@@ -83,6 +83,12 @@ def current_host_key() -> str:
     return _host_static()["key"]
 
 
+def host_key_as(emulation: str | None) -> str:
+    """This machine's key when it emulates a hardware class (None: native)."""
+    from harness.probe import host_key
+    return host_key({**_host_static(), "emulation": emulation})
+
+
 def loadavg_now() -> list[float] | str:
     from harness.probe import loadavg
     return loadavg()

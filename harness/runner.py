@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import artifact, grid, models, provenance
+from harness import artifact, emulate, grid, hardware, llamacpp_build, models, provenance
 from harness.check import read_back_problems
 from harness.engines import get_engine
 from harness.engines.base import EngineResult, RunContext
 from harness.errors import UserError
+from harness.probe import host_key as key_of
 from harness.residency import files_residency
 from harness.schedule import RunSpec, schedule
 from harness.store import Store, gc_paused, load_path
@@ -40,14 +41,16 @@ def existing(store: Store, spec: grid.GridSpec, new_series: bool = False,
     other hosts stored. A series is (grid sha256, host key): another machine's runs never count as done
     here. This host's artifacts of another version of the grid file, and none of this one, mean the file
     changed: refused unless new_series."""
-    host_key = host_key or provenance.current_host_key()
+    keys = {host_key or provenance.current_host_key()}
+    # this machine emulating a class is a host of its own: its runs resume under that key
+    keys |= {provenance.host_key_as(c) for c in emulated_classes(spec)}
     by_key: dict[str, list] = {}
     other_sha = set()
     other_hosts = 0
     with gc_paused():
         arts = [load_path(p) for p in store.iter_paths(spec.name)]
     for a in arts:
-        if a.host.key != host_key:
+        if a.host.key not in keys:
             other_hosts += 1
             continue
         if a.grid.sha256 != spec.sha256:
@@ -59,6 +62,10 @@ def existing(store: Store, spec: grid.GridSpec, new_series: bool = False,
                         f"(stored sha256 {sorted(other_sha)[0][:12]}..., now {spec.sha256[:12]}...)",
                         "restore the grid file, or pass --new-series to start a new series beside the old one")
     return by_key, other_hosts
+
+
+def emulated_classes(spec: grid.GridSpec) -> set[str]:
+    return {c for a in spec.arms for c in [a.hardware, *spec.axes.get("hardware", [])] if c and c != "native"}
 
 
 def _model_block(spec: grid.GridSpec, form: str) -> tuple[dict, dict[str, Path]]:
@@ -79,32 +86,57 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
     """One run: residency before, the engine in a fresh process, residency after, the artifact document."""
     arm = spec.arm(run.arm)
     engine = get_engine(arm.engine)
-    form = engine.check(spec.model, run.cell.params.get("form") or arm.form)
-    model_block, weights = _model_block(spec, form)
     threads = _threads(spec, arm, run.cell.params)
-    cpus = arm.cpus or list(range(threads))
+    hw = grid.hardware_of(arm, run.cell.params)
+    em = emulate.plan(hw, threads, arm.cpus, f"{spec.path}: arms[{arm.name}]") if hw else None
+    profile = hardware.profile_from_class(em.cls, f"class {em.cls.name} (emulated)") if em else None
+    asked = run.cell.params.get("form") or arm.form
+    form = engine.check(spec.model, asked, profile or hardware.current_profile())
+    form_override = {"form": {"requested": "auto", "effective": form, "rule": hardware.derive_dtype(
+        profile or hardware.current_profile(), engine.name)[1]}} if asked == "auto" else {}
+    model_block, weights = _model_block(spec, form)
+    cpus = em.cpus if em else (arm.cpus or list(range(threads)))
     observe = arm.observe != "bare"
-    before = files_residency(weights) if observe else {}
-    span = provenance.Span()
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{run.run_key}-", dir=workroot))
     ctx = RunContext(spec=spec, run=run, arm=arm, threads=threads, cpus=cpus, workdir=workdir, timeout_s=spec.timeout_s,
                      store_root=store_root, observe=observe)
+    if em:
+        ctx.env, ctx.isa_variant = dict(em.env), em.llamacpp_variant
+        ctx.profile = profile
+        ctx.isa = profile["isa"] if profile else None
+        if em.llamacpp_variant and engine.name == "llama.cpp":
+            with llamacpp_build.variant(em.llamacpp_variant):  # built before anything is measured
+                llamacpp_build.build()
+        emulate.inflate(em)  # the balloon holds from before the residency scan to after the last one
+    held = True
     try:
-        res: EngineResult = engine.run(ctx, form)
-    except UserError:
-        raise
-    except Exception as e:  # a harness-side crash in one run is stored, the grid goes on
-        from harness.engines.base import failed
-        res = failed("failed", f"{type(e).__name__}: {e}", [], {})
-    host, timing = span.finish()
-    after = files_residency(weights) if observe else {}
+        before = files_residency(weights) if observe else {}
+        span = provenance.Span()
+        try:
+            res: EngineResult = engine.run(ctx, form)
+        except UserError:
+            raise
+        except Exception as e:  # a harness-side crash in one run is stored, the grid goes on
+            from harness.engines.base import failed
+            res = failed("failed", f"{type(e).__name__}: {e}", [], {})
+        host, timing = span.finish()
+        after = files_residency(weights) if observe else {}
+    finally:
+        if em:
+            held = emulate.deflate(em)
+    emulation = None
+    if em:
+        host["emulation"] = em.cls.name  # part of the host key: emulated runs are their own series
+        host["key"] = key_of(host)
+        emulation = emulate.record(em, engine.name, res.effective, res.settings, held)
     page_cache = "not observed (arm observe: bare)" if not observe else "none" if not before else (
         "warm" if all(v["resident_bytes"] >= 0.99 * v["total_bytes"] for v in before.values()) else
         "cold" if all(v["resident_bytes"] == 0 for v in before.values()) else "partial")
     p = run.cell.params
     engine_block = {"name": res.engine.get("name", arm.engine), "version": res.engine.get("version", "unknown"),
                     "build_commit": res.engine.get("build_commit", "unknown"), "build": res.engine.get("build", {}),
-                    "patches": res.engine.get("patches", []), "overrides": res.engine.get("overrides", {})}
+                    "patches": res.engine.get("patches", []),
+                    "overrides": {**res.engine.get("overrides", {}), **form_override}}
     doc = {
         "schema_version": artifact.SCHEMA_VERSION, "kind": "run", "status": res.status, "error": res.error,
         "stderr_tail": res.stderr_tail,
@@ -121,7 +153,7 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
                       "env": {**provenance.relevant_env(), **res.env}, "requested": res.requested,
                       "effective": res.effective, "compile_cache": res.compile_cache, "eager": res.eager,
                       "command": _command(res.command), "observe": arm.observe,
-                      "settings": settings_block(res.settings, engine, arm)},
+                      "settings": settings_block(res.settings, engine, arm), "emulation": emulation},
         "workload": {"prompt_len": p["prompt_len"], "context_len": p["context_len"], "gen_len": p["gen_len"],
                      "batch": p.get("batch", 1), "warmups": spec.warmups, "repetitions": spec.repetitions,
                      "prompt_token_hash": res.prompt_token_hash},

@@ -30,6 +30,45 @@ def _bind_env(cfg: dict) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _isa_cap() -> None:
+    """Hardware emulation (EDGE_HARNESS_ISA_TIER, set by the harness with ATEN_CPU_CAPABILITY): after torch is
+    imported and before vLLM is, torch's AVX-512 probes answer for the emulated tier, so that vLLM loads the
+    kernel library of that tier (it picks one from these probes). Below AVX2 vLLM has no kernels: it keeps its
+    AVX2 ones, and the harness records that cap as not emulated."""
+    tier = os.environ.get("EDGE_HARNESS_ISA_TIER")
+    if not tier:
+        return
+    import torch
+    avx512 = tier in ("avx512", "avx512-bf16", "amx")
+    bf16 = tier in ("avx512-bf16", "amx")
+    real512, realbf16 = torch.cpu._is_avx512_supported, torch.cpu._is_avx512_bf16_supported
+    torch.cpu._is_avx512_supported = lambda: avx512 and real512()
+    torch.cpu._is_avx512_bf16_supported = lambda: bf16 and realbf16()
+
+
+def _kernels_loaded() -> str | None:
+    """The vLLM kernel library mapped into this process (_C, _C_AVX512, _C_AVX2), read from /proc/self/maps."""
+    try:
+        with open("/proc/self/maps") as f:
+            names = {os.path.basename(line.split()[-1]).split(".")[0] for line in f if "/vllm/_C" in line}
+    except OSError:
+        return None
+    return ",".join(sorted(names)) or None
+
+
+def _memory_seen() -> int | None:
+    """Available memory as vLLM's CPU worker sizes from it (NUMA node 0), else the kernel's MemAvailable."""
+    try:
+        from vllm.utils.cpu_resource_utils import get_memory_node_info
+        return int(get_memory_node_info(0).available_memory)
+    except Exception:
+        try:
+            import psutil
+            return int(psutil.virtual_memory().available)
+        except Exception:
+            return None
+
+
 def _llm(cfg: dict, **extra):
     """The vLLM engine for one worker (after _bind_env)."""
     from vllm import LLM
@@ -52,6 +91,7 @@ def run(cfg: dict) -> dict:
     _bind_env(cfg)
     t_import = time.time()
     import torch
+    _isa_cap()
     import vllm
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -65,6 +105,7 @@ def run(cfg: dict) -> dict:
     max_num_seqs = int(cfg.get("max_num_seqs", 1))
     # None means vLLM's default sizing (stock) or the runtime's geometry-derived budget (patched)
     kv_requested = int(cfg["kv_cache_memory_bytes"]) if cfg.get("kv_cache_memory_bytes") else None
+    memory_seen = _memory_seen()
     t0 = time.time()
     llm = _llm(cfg)
     t_loaded = time.time()
@@ -140,6 +181,9 @@ def run(cfg: dict) -> dict:
             "runtime_plugin_loaded": os.environ.get("EDGE_HARNESS_RUNTIME_LOADED") == "1",
             "platform": type(current_platform).__name__,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "vllm_kernels": _kernels_loaded(),
+            "memory_available_seen": memory_seen,
         },
         "requested": {"dtype": dtype, "threads": threads, "cpus": cpus, "kv_cache_memory_bytes": kv_requested,
                       "context_len": context_len, "max_num_seqs": max_num_seqs, "eager": bool(cfg.get("eager", True)),

@@ -43,6 +43,12 @@ class RunContext:
     timeout_s: float
     store_root: Path | None = None  # the store the run writes to: lookups of other artifacts read it, per host
     observe: bool = True  # False (arm observe: bare): no memory poller during the run, no residency scans
+    # hardware emulation (harness/emulate.py): environment for the engine, the ISA the `auto` rules read (the
+    # emulated class's; None: this machine's), and the llama.cpp build variant capped at the class's tier
+    env: dict[str, str] = field(default_factory=dict)
+    isa: dict[str, bool] | None = None
+    isa_variant: str | None = None
+    profile: dict[str, Any] | None = None  # the hardware profile derivations read (the class's when emulated)
 
     @property
     def poll_s(self) -> float | None:
@@ -99,8 +105,15 @@ class Engine(ABC):
     metrics: ClassVar[tuple[str, ...]] = ()
     observe_only: ClassVar[frozenset[str]] = frozenset()  # settings it cannot read back (recorded, not enforced)
 
-    def check(self, model: str, form: str | None) -> str:
+    def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
+        """The form a run loads. `auto` (llama.cpp): the form the hardware profile's dtype rule picks
+        (hardware.derive_dtype), on this machine or the emulated class."""
         form = form or self.default_form
+        if form == "auto" and self.name == "llama.cpp":
+            if profile is None:
+                return form  # resolved per run, when the profile is known
+            from harness.hardware import derive_dtype
+            form = f"gguf-{derive_dtype(profile, self.name)[0]}"
         if not form.startswith(self.form_prefix):
             raise UserError("arm.form", f"{self.name} needs a {self.form_prefix}* form, got {form!r}", self.form_hint)
         return form

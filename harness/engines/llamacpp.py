@@ -64,7 +64,8 @@ class LlamaCpp(Engine):
         return {"name": "llama.cpp", "version": f"{m['source']['package']}=={m['source']['version']} (vendored)",
                 "build_commit": m["build_commit"],
                 "build": {"flags": m["flags"], "compiler": m["compiler"], "build_key": m["build_key"],
-                          "native_isa": m.get("native_isa", "unknown"), "sdist_sha256": m["source"]["sdist_sha256"]}}
+                          "native_isa": m.get("native_isa", "unknown"), "sdist_sha256": m["source"]["sdist_sha256"],
+                          **({"isa_variant": m["isa_variant"]} if m.get("isa_variant") else {})}}
 
     def _tool_block(self, name: str) -> dict[str, Any]:
         info = self.engine_info()
@@ -73,6 +74,12 @@ class LlamaCpp(Engine):
                                   "tool_source_sha256": t["source_sha256"]}}
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
+        with llamacpp_build.variant(ctx.isa_variant):  # the build capped at an emulated class's ISA tier
+            if ctx.isa_variant is not None:
+                llamacpp_build.build()  # cached: built once per tier (`harness build --isa TIER` ahead of time)
+            return self._run(ctx, form)
+
+    def _run(self, ctx: RunContext, form: str) -> EngineResult:
         opts = self.options(ctx.arm)
         p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])
         c, b = int(ctx.params["context_len"]), int(ctx.params.get("batch", 1))
@@ -87,7 +94,7 @@ class LlamaCpp(Engine):
         cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [
             str(llamacpp_build.tool(TOOL)), "-m", str(models.form_path(ctx.spec.model, form)), "-t", str(ctx.threads),
             "-i", str(req_path), "-o", str(out_path)]
-        env_rec = {**ctx.arm.env, "OMP_NUM_THREADS": str(ctx.threads)}
+        env_rec = {**ctx.arm.env, **ctx.env, "OMP_NUM_THREADS": str(ctx.threads)}
         requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
                      "context_len": c, "batch": b, "warmups": w, "repetitions": reps, **ctx.arm.options}
         r = run_process(cmd, {**os.environ, **env_rec}, ctx.timeout_s, poll_s=ctx.poll_s)

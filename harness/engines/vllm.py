@@ -16,7 +16,7 @@ import sys
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -32,8 +32,8 @@ ENGINE_CORES = ("inprocess", "multiprocess")
 class VllmOptions(Options):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = None
     eager: bool | Literal["auto"] = True
-    max_num_seqs: int | None = Field(None, ge=1)
-    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    max_num_seqs: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
+    kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
     engine_core: Literal["inprocess", "multiprocess", "auto"] = "inprocess"
 FORM_DTYPE = {"hf-fp32": "float32", "hf-bf16": "bfloat16"}
 
@@ -141,7 +141,7 @@ class Vllm(Engine):
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         batches = workload.get("batch", ("", {1}))[1]
-        if opts.max_num_seqs is not None and opts.max_num_seqs < max(batches):
+        if isinstance(opts.max_num_seqs, int) and opts.max_num_seqs < max(batches):
             raise UserError(path, f"arms[{arm.name}].options.max_num_seqs: {opts.max_num_seqs} is below batch "
                                   f"{max(batches)}: the requests would not run concurrently",
                             f"set max_num_seqs >= {max(batches)} or leave it out (it defaults to the batch)")
@@ -171,9 +171,19 @@ class Vllm(Engine):
         form_root = models.load_manifest(ctx.spec.model)["forms"][form]["path"]
         if opts.get("dtype") == "auto":
             from harness.probe import cpu_info
-            chosen, rule = dtype_for_host(cpu_info()["isa"])
-            host_overrides["dtype"] = {"requested": "auto", "effective": chosen, "rule": rule}
+            chosen, rule = dtype_for_host(ctx.isa if ctx.isa is not None else cpu_info()["isa"])
+            host_overrides["dtype"] = {"requested": "auto", "effective": chosen, "rule": rule,
+                                       "isa": "the emulated class's" if ctx.isa is not None else "this machine's"}
             opts["dtype"] = chosen
+        if "auto" in (opts.get("max_num_seqs"), opts.get("kv_cache_memory_bytes")):
+            from harness import hardware
+            adm = hardware.vllm_admission(ctx.spec.model, ctx.profile or hardware.current_profile(),
+                                          opts.get("dtype") or FORM_DTYPE.get(form, "float32"),
+                                          int(ctx.params["context_len"]), ctx.store_root)
+            for k in ("max_num_seqs", "kv_cache_memory_bytes"):
+                if opts.get(k) == "auto":
+                    host_overrides[k] = {"requested": "auto", "effective": adm[k], **adm}
+                    opts[k] = adm[k]
         weight_files = sorted(str(Path(rel).relative_to(form_root)) for rel in models.form_files(ctx.spec.model, form)
                               if rel.endswith(".safetensors"))
         batch = int(ctx.params.get("batch", 1))
@@ -194,7 +204,7 @@ class Vllm(Engine):
         cdir = cache_root() / "compile" / key
         state = "warm" if cdir.exists() and any(cdir.iterdir()) else "cold"
         cdir.mkdir(parents=True, exist_ok=True)
-        arm_env = {**ctx.arm.env, "VLLM_CACHE_ROOT": str(cdir / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cdir / "inductor"),
+        arm_env = {**ctx.arm.env, **ctx.env, "VLLM_CACHE_ROOT": str(cdir / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cdir / "inductor"),
                    "EDGE_HARNESS_PATCHES": patches_env(ctx.arm.patches), "HF_HUB_OFFLINE": "1",
                    "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # threads: the arm's, or the runtime's

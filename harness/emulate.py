@@ -1,0 +1,169 @@
+"""Hardware emulation: run an engine under a smaller hardware class's caps on a machine that exceeds them.
+
+Each cap is applied and read back, and recorded in the artifact's `execution.emulation`:
+- cores: the engine is pinned to the class's core count (the affinity read back from the engine process);
+- memory: a locked balloon (harness/balloon.py) takes the machine's available memory down to the class's
+  before the engine starts (MemAvailable read back at engine start; vLLM also records what it saw);
+- ISA: llama.cpp runs a build capped at the class's tier (its system info read back); torch is capped by
+  ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA (its capability read back in the vLLM worker), and vLLM's own
+  kernels are chosen for the tier by the worker (the loaded kernel library read back). A cap an engine
+  cannot take is recorded "not emulated: why", never silently native.
+The emulated class is part of the host key (probe.key_inputs): emulated and native runs never pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness import hardware
+from harness.errors import UserError
+
+# torch's switches per x86 tier: (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, the capability torch then reports)
+TORCH_CAPS = {"baseline": ("default", "SSE41", "DEFAULT"), "avx2": ("avx2", "AVX2", "AVX2"),
+              "avx512": ("avx512", "AVX512_CORE_VNNI", "AVX512"), "avx512-bf16": ("avx512", "AVX512_CORE_BF16", "AVX512"),
+              "amx": ("avx512", "AVX512_CORE_AMX", "AVX512")}
+# llama.cpp's system info names of the instruction sets above each tier: none may read "= 1" under the cap
+ABOVE_TIER = {"baseline": ("AVX", "AVX2", "FMA", "F16C", "AVX512", "AVX512_BF16", "AMX_INT8"),
+              "avx2": ("AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8"),
+              "avx512": ("AVX512_BF16", "AMX_INT8"), "avx512-bf16": ("AMX_INT8",), "amx": ()}
+# vLLM's x86 kernel libraries, lowest first; the worker loads the one for the tier (none exists below AVX2)
+VLLM_KERNELS = {"avx2": "_C_AVX2", "avx512": "_C_AVX512", "avx512-bf16": "_C", "amx": "_C"}
+MEMORY_TOLERANCE = 0.05  # the balloon is judged to hold the class's memory within 5% of it
+
+
+@dataclass
+class Emulation:
+    cls: hardware.HardwareClass
+    native: dict[str, Any]  # this machine's profile
+    cpus: list[int]
+    env: dict[str, str] = field(default_factory=dict)
+    llamacpp_variant: str | None = None
+    balloon: Any = None
+    balloon_bytes: int = 0
+    available_at_start: int | None = None
+
+    @property
+    def isa_capped(self) -> bool:
+        return self.cls.isa_tier != self.native["isa_tier"]
+
+
+def class_sha256(name: str) -> str:
+    return hashlib.sha256((hardware.CLASSES_DIR / f"{name}.yaml").read_bytes()).hexdigest()
+
+
+def plan(name: str, threads: int, arm_cpus: list[int] | None, where: str) -> Emulation:
+    """Check that this machine can emulate the class at these threads; no side effect."""
+    hc = hardware.get_class(name)
+    native = hardware.profile_from_probe(_probe())
+    why = hardware.exceeds(hc, native)
+    if why:
+        raise UserError(where, f"hardware {name}: this machine cannot emulate it ({'; '.join(why)})",
+                        "choose a class within this machine (`harness probe` lists them) or run it on a bigger one")
+    if threads > hc.cores:
+        raise UserError(where, f"threads {threads} exceed hardware {name}'s {hc.cores} cores",
+                        f"use at most {hc.cores} threads with this class")
+    cpus = arm_cpus or native["cpus"][:hc.cores]
+    if len(cpus) > hc.cores:
+        raise UserError(where, f"cpus {cpus} are more than hardware {name}'s {hc.cores} cores", "list fewer cpus")
+    em = Emulation(cls=hc, native=native, cpus=list(cpus))
+    if hc.arch == "x86_64" and em.isa_capped:
+        aten, onednn, _ = TORCH_CAPS[hc.isa_tier]
+        em.env = {"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "EDGE_HARNESS_ISA_TIER": hc.isa_tier}
+        em.llamacpp_variant = hc.isa_tier
+    return em
+
+
+def _probe() -> dict:
+    from harness.provenance import _host_static
+    return _host_static()
+
+
+def inflate(em: Emulation) -> None:
+    """Take the machine's available memory down to the class's (a locked balloon); read it back."""
+    from harness.balloon import Balloon
+    from harness.probe import meminfo
+    avail = meminfo().get("available_bytes")
+    target = int(em.cls.memory_gib * hardware.GIB)
+    if isinstance(avail, int) and avail > target:
+        em.balloon_bytes = avail - target
+        try:
+            em.balloon = Balloon(em.balloon_bytes)
+        except RuntimeError as e:
+            raise UserError(f"hardware {em.cls.name}", f"memory cap: {e}", "free memory on this machine, or use a "
+                            "class with more memory") from e
+    after = meminfo().get("available_bytes")
+    em.available_at_start = after if isinstance(after, int) else None
+
+
+def deflate(em: Emulation) -> bool:
+    """Release the balloon; whether it held to the end (a balloon killed mid-run means the cap lapsed)."""
+    if em.balloon is None:
+        return True
+    alive = em.balloon.proc.poll() is None
+    em.balloon.close()
+    return alive
+
+
+def _status(ok: bool, why: str) -> str:
+    return "emulated" if ok else f"not emulated: {why}"
+
+
+def record(em: Emulation, engine: str, effective: dict, settings: dict, balloon_held: bool) -> dict:
+    """The artifact's execution.emulation: each cap as requested, applied and read back, with its status."""
+    hc = em.cls
+    aff = (settings.get("cpus") or {}).get("effective")
+    cores_ok = isinstance(aff, list) and 0 < len(aff) <= hc.cores
+    target = int(hc.memory_gib * hardware.GIB)
+    avail = em.available_at_start
+    mem_ok = balloon_held and isinstance(avail, int) and abs(avail - target) <= MEMORY_TOLERANCE * target
+    locked = bool(em.balloon and em.balloon.state.get("locked"))
+    caps: dict[str, Any] = {
+        "cores": {"requested": hc.cores, "applied": f"taskset -c {','.join(map(str, em.cpus))}",
+                  "effective": aff, "source": "the engine process's affinity (execution.settings.cpus)",
+                  "status": _status(cores_ok, f"the engine ran on {aff}")},
+        "memory": {"requested_bytes": target,
+                   "applied": (f"balloon of {em.balloon_bytes} B ({'locked' if locked else 'resident, not locked'})"
+                               if em.balloon else "none needed: the machine had no more available"),
+                   "effective_available_bytes": avail, "source": "MemAvailable (/proc/meminfo) at engine start",
+                   "engine_view_bytes": effective.get("memory_available_seen"),
+                   "status": _status(mem_ok, "the balloon did not hold" if not balloon_held else
+                                     f"{avail} B available at start, class {target} B")},
+    }
+    caps["isa"] = isa_record(em, engine, effective)
+    return {"class": hc.name, "class_sha256": class_sha256(hc.name), "native_tier": em.native["isa_tier"],
+            "caps": caps, "emulated": all(c["status"] == "emulated" for c in caps.values()),
+            "not_emulated": "cache sizes, memory bandwidth, clock and thermal limits are the machine's own "
+                            "(docs/hardware.md)"}
+
+
+def isa_record(em: Emulation, engine: str, effective: dict) -> dict:
+    tier = em.cls.isa_tier
+    base = {"requested": tier, "native": em.native["isa_tier"]}
+    if not em.isa_capped:
+        return {**base, "applied": "none: the class's tier is this machine's", "status": "emulated"}
+    if engine == "llama.cpp":
+        info = effective.get("system_info") or ""
+        on = [n for n in ABOVE_TIER.get(tier, ()) if re.search(rf"\b{re.escape(n)} = 1\b", info)]
+        return {**base, "applied": f"llama.cpp build variant {tier} (harness build --isa {tier})",
+                "effective": info.strip(), "source": "llama_print_system_info(), read by edge-bench",
+                "status": _status(bool(info) and not on, f"system info reports {', '.join(on) or 'nothing'}")}
+    if engine == "vllm":
+        _, _, want = TORCH_CAPS[tier]
+        got = effective.get("torch_cpu_capability")
+        kern = effective.get("vllm_kernels")
+        want_k = VLLM_KERNELS.get(tier)
+        torch_ok = got == want
+        kern_ok = want_k is not None and kern == want_k
+        why = []
+        if not torch_ok:
+            why.append(f"torch reports {got}, the tier needs {want}")
+        if not kern_ok:
+            why.append(f"vLLM loaded {kern}" + ("; vLLM has no kernels below AVX2" if want_k is None else f", not {want_k}"))
+        return {**base, "applied": ", ".join(f"{k}={v}" for k, v in em.env.items()),
+                "effective": {"torch_cpu_capability": got, "vllm_kernels": kern},
+                "source": "torch.backends.cpu.get_cpu_capability() and the vllm kernel library mapped, in the worker",
+                "status": _status(torch_ok and kern_ok, "; ".join(why))}
+    return {**base, "applied": "none", "status": f"not emulated: the {engine} engine has no ISA switch"}

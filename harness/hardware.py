@@ -1,0 +1,412 @@
+"""Hardware classes: what a machine offers an engine (ISA tier, cores, memory), the settings each engine
+should use on it (`harness adapt`), and the caps under which a bigger machine emulates a smaller one.
+
+A class is a file under grids/hardware/ (NAME.yaml). The profile derivations read is this machine's probe,
+or the file named by EDGE_HARNESS_HW_PROFILE (a class file: planning for another machine), recorded as
+such. Derivations are pure functions of a profile and the model's geometry, so they are tested on committed
+profiles; what they take from measurements (runtime overhead, start-up cost) is named with its evidence.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harness.errors import UserError
+from harness.paths import PROJECT_ROOT
+
+CLASSES_DIR = PROJECT_ROOT / "grids" / "hardware"
+PROFILE_ENV = "EDGE_HARNESS_HW_PROFILE"
+GIB = 1 << 30
+
+# ISA tiers per architecture, lowest first, with the /proc/cpuinfo flags each one implies.
+TIERS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "x86_64": (("baseline", ("sse4_2",)), ("avx2", ("avx", "avx2", "fma", "f16c")),
+               ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")), ("avx512-bf16", ("avx512_bf16",)),
+               ("amx", ("amx_tile", "amx_bf16", "amx_int8"))),
+    "aarch64": (("neon", ("asimd",)), ("dotprod", ("asimddp",)), ("i8mm", ("i8mm", "bf16")), ("sve", ("sve",))),
+}
+
+
+def tier_rank(arch: str, tier: str) -> int:
+    names = [t for t, _ in TIERS.get(arch, ())]
+    if tier not in names:
+        raise ValueError(f"unknown ISA tier {tier!r} for {arch} (known: {', '.join(names)})")
+    return names.index(tier)
+
+
+def tier_flags(arch: str, tier: str) -> dict[str, bool]:
+    """The ISA feature map a tier implies: every flag of it and of the tiers below, and none above."""
+    rank = tier_rank(arch, tier)
+    return {f: i <= rank for i, (_, flags) in enumerate(TIERS[arch]) for f in flags}
+
+
+class Cluster(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    cores: int = Field(gt=0)
+    performance: bool = Field(True, description="false for efficiency (little) cores")
+
+
+class HardwareClass(BaseModel):
+    """A declared machine: the caps a run is held to when it emulates this class."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")
+    description: str
+    arch: Literal["x86_64", "aarch64"]
+    isa_tier: str
+    cores: int = Field(gt=0, description="cores the engine may use (one thread each)")
+    memory_gib: float = Field(gt=0, description="memory available to the engine process, GiB")
+    clusters: list[Cluster] | None = Field(None, description="big/little clusters, where the cores differ")
+    bandwidth_tier: str | None = Field(None, description="from a calibration under this class's caps, if any")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "HardwareClass":
+        tier_rank(self.arch, self.isa_tier)
+        if self.clusters and sum(c.cores for c in self.clusters) != self.cores:
+            raise ValueError(f"clusters hold {sum(c.cores for c in self.clusters)} cores, cores says {self.cores}")
+        return self
+
+
+def _class_error(path: Path, e: ValidationError) -> UserError:
+    err = e.errors()[0]
+    field = ".".join(str(x) for x in err["loc"]) or "(top level)"
+    return UserError(str(path), f"{field}: {err['msg']}", "see docs/hardware.md for the class fields")
+
+
+def load_class_file(path: Path) -> HardwareClass:
+    from harness.paths import read_utf8
+    text = read_utf8(path, "save the class file as UTF-8")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UserError(str(path), f"invalid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
+    if not isinstance(doc, dict):
+        raise UserError(str(path), "top level is not a mapping", "see docs/hardware.md for the class fields")
+    try:
+        hc = HardwareClass.model_validate(doc)
+    except ValidationError as e:
+        raise _class_error(path, e) from e
+    if hc.name != path.stem:
+        raise UserError(str(path), f"name: {hc.name!r} differs from the file name", f"name the file {hc.name}.yaml")
+    return hc
+
+
+def classes(root: Path | None = None) -> dict[str, HardwareClass]:
+    d = root or CLASSES_DIR
+    return {p.stem: load_class_file(p) for p in sorted(d.glob("*.yaml"))}
+
+
+def get_class(name: str, root: Path | None = None) -> HardwareClass:
+    known = classes(root)
+    if name not in known:
+        raise UserError(name, "unknown hardware class", f"known: {', '.join(known) or 'none'} (files in grids/hardware/)")
+    return known[name]
+
+
+# --- profiles --------------------------------------------------------------------------------------------
+
+def profile_from_class(hc: HardwareClass, source: str) -> dict[str, Any]:
+    mem = int(hc.memory_gib * GIB)
+    return {"source": source, "class": hc.name, "arch": hc.arch, "isa_tier": hc.isa_tier,
+            "isa": tier_flags(hc.arch, hc.isa_tier), "cores": hc.cores, "cpus": list(range(hc.cores)),
+            "clusters": [c.model_dump() for c in hc.clusters] if hc.clusters else None,
+            "memory_total_bytes": mem, "memory_available_bytes": mem}
+
+
+def profile_from_probe(host: dict) -> dict[str, Any]:
+    cpu = host.get("cpu", {})
+    arch = cpu.get("arch", "unknown")
+    cpus = cpu.get("affinity") or cpu.get("online_cpus") or []
+    phys = cpu.get("physical_cores")
+    tpc = cpu.get("threads_per_core") or 1
+    # one inference thread per physical core: SMT siblings share the core's vector units
+    cores = max(1, len(cpus) // tpc) if isinstance(phys, int) else len(cpus)
+    isa = {f: bool(v) for f, v in cpu.get("isa", {}).items()}
+    tier = cpu.get("isa_tier") or "baseline"
+    if arch in TIERS:  # the tier in this module's terms: the highest whose flags (and those below) are all present
+        tier = TIERS[arch][0][0]
+        for name, flags in TIERS[arch]:
+            if not all(isa.get(f, False) for f in flags):
+                break
+            tier = name
+    mem = host.get("memory", {})
+    return {"source": "probe", "class": None, "arch": arch, "isa_tier": tier, "isa": isa, "cores": cores,
+            "cpus": list(cpus)[:cores * tpc][::tpc] if tpc > 1 else list(cpus), "clusters": None,
+            "memory_total_bytes": mem.get("total_bytes"), "memory_available_bytes": mem.get("available_bytes")}
+
+
+def current_profile(class_name: str | None = None) -> dict[str, Any]:
+    """The profile derivations read: a named class, else EDGE_HARNESS_HW_PROFILE's class file, else this
+    machine's probe. Its `source` says which."""
+    if class_name:
+        return profile_from_class(get_class(class_name), f"class {class_name}")
+    env = os.environ.get(PROFILE_ENV)
+    if env:
+        p = Path(env)
+        if not p.is_file():
+            raise UserError(env, f"{PROFILE_ENV}: no such file", "name a class file (grids/hardware/*.yaml) or unset it")
+        hc = load_class_file(p)
+        return profile_from_class(hc, f"{PROFILE_ENV}={env}")
+    from harness.probe import probe
+    return profile_from_probe(probe())
+
+
+def class_name_of(profile: dict[str, Any]) -> str:
+    """A descriptive class name for a profile: arch-tier-<cores>c-<memory>g (x86 drops its arch's name)."""
+    mem = profile.get("memory_total_bytes")
+    gib = f"{round(mem / GIB)}g" if isinstance(mem, int) else "unknown-mem"
+    arch = "x86" if profile["arch"] == "x86_64" else "arm64" if profile["arch"] == "aarch64" else profile["arch"]
+    return f"{arch}-{profile['isa_tier']}-{profile['cores']}c-{gib}"
+
+
+def exceeds(hc: HardwareClass, profile: dict[str, Any]) -> list[str]:
+    """The caps of a class this machine cannot emulate (it lacks them): empty when it can."""
+    out = []
+    if hc.arch != profile["arch"]:
+        return [f"arch {hc.arch} on a {profile['arch']} machine"]
+    if tier_rank(hc.arch, hc.isa_tier) > tier_rank(profile["arch"], profile["isa_tier"]):
+        out.append(f"ISA tier {hc.isa_tier} above this machine's {profile['isa_tier']}")
+    if hc.cores > profile["cores"]:
+        out.append(f"{hc.cores} cores, this machine offers {profile['cores']}")
+    avail = profile.get("memory_available_bytes")
+    if isinstance(avail, int) and hc.memory_gib * GIB > avail:
+        out.append(f"{hc.memory_gib:g} GiB, this machine has {avail / GIB:.1f} GiB available")
+    return out
+
+
+# --- derivations -----------------------------------------------------------------------------------------
+
+def derive_dtype(profile: dict[str, Any], engine: str) -> tuple[str, str]:
+    """vLLM: bf16 only with bf16 compute (else every op converts; measured 5x slower prefill on AVX2).
+    llama.cpp: bf16 weights from AVX2 up (decode reads half the bytes; measured faster than f32 on both the
+    AVX2 and the AVX512-BF16 host, vllm-vs-llamacpp), f32 below (no measurement, scalar conversions)."""
+    isa = profile["isa"]
+    if engine == "vllm":
+        if isa.get("amx_bf16") or isa.get("avx512_bf16") or (profile["arch"] == "aarch64" and isa.get("bf16")):
+            return "bfloat16", "bf16 compute in the ISA (avx512_bf16, amx_bf16 or arm64 bf16)"
+        return "float32", "no bf16 compute in the ISA: bf16 would be a storage format converted on every op"
+    if profile["arch"] == "x86_64" and tier_rank("x86_64", profile["isa_tier"]) < tier_rank("x86_64", "avx2"):
+        return "f32", "below AVX2: bf16 weights convert in scalar code (unmeasured), f32 is the safe form"
+    return "bf16", "decode is memory-bound: bf16 weights halve the bytes read per token (measured faster than f32)"
+
+
+def derive_threads(profile: dict[str, Any]) -> tuple[int, list[int], str]:
+    """One thread per core the engine may use; on big/little machines only the performance cluster (a step
+    waits for its slowest thread, and a little core is the slowest)."""
+    clusters = profile.get("clusters")
+    if clusters and any(not c.get("performance", True) for c in clusters):
+        cpus, offset = [], 0
+        for c in clusters:  # clusters in CPU-number order, as the class lists them
+            if c.get("performance", True):
+                cpus += list(range(offset, offset + c["cores"]))
+            offset += c["cores"]
+        return len(cpus), cpus, f"the {len(cpus)} performance cores only: a decode step waits for its slowest thread"
+    return profile["cores"], list(profile["cpus"])[:profile["cores"]], "one thread per core, pinned"
+
+
+def disjoint_ranges(cpus: list[int], engines: int) -> list[list[int]]:
+    """CPU ranges for engines running side by side: equal, disjoint, contiguous; none when there are fewer
+    CPUs than engines."""
+    if engines <= 0 or len(cpus) < engines:
+        return []
+    per = len(cpus) // engines
+    return [cpus[i * per:(i + 1) * per] for i in range(engines)]
+
+
+def admission(available: int, weights: int, overhead: int, kv_per_token: int, context_len: int,
+              block: int = 16, cap: int = 256) -> dict[str, Any]:
+    """How many sequences of context_len fit: (available - weights - runtime overhead) / KV bytes per
+    sequence (whole blocks), with the one null block vLLM reserves, capped at `cap` (vLLM's default
+    max_num_seqs). 0 means the cell cannot run on this profile."""
+    per_seq = kv_per_token * block * math.ceil(context_len / block)
+    free = available - weights - overhead - kv_per_token * block
+    seqs = max(0, min(cap, free // per_seq)) if per_seq > 0 else 0
+    budget = kv_per_token * block * (math.ceil(context_len / block) * seqs + 1) if seqs else 0
+    return {"max_num_seqs": int(seqs), "kv_cache_memory_bytes": int(budget), "available_bytes": int(available),
+            "weights_bytes": int(weights), "overhead_bytes": int(overhead), "kv_bytes_per_token": int(kv_per_token),
+            "kv_bytes_per_sequence": int(per_seq), "context_len": context_len,
+            "rule": "(available - weights - runtime overhead - null block) // KV bytes per sequence, "
+                    f"at most {cap}"}
+
+
+def timeout_s(startup_s: float, s_per_token: float, tokens: int) -> int:
+    """A run's timeout from measured costs: 3 x (start-up + tokens x s/token), at least 60 s."""
+    return max(60, int(math.ceil(3 * (startup_s + tokens * s_per_token))))
+
+
+# --- measured inputs and the whole adaptation ------------------------------------------------------------
+
+DTYPE_BYTES = {"float32": 4, "f32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "f16": 2}
+VLLM_BLOCK = 128  # vLLM's CPU KV block (read back as block_size in every vLLM artifact)
+LLAMACPP_CTX_PAD = 256  # llama.cpp pads each sequence's context to a multiple of this (the engine refuses others)
+# Runtime overhead where nothing of this engine was measured yet: stated as a default, never as evidence.
+DEFAULT_OVERHEAD = {"vllm": 1536 << 20, "llama.cpp": 64 << 20}
+
+
+@lru_cache(maxsize=None)
+def geometry(model: str) -> dict[str, Any]:
+    """The model's KV geometry and parameter count, from its prepared config.json and manifest."""
+    import json as _json
+
+    from harness import models
+    from runtime.patches import kv_bytes_per_token
+    manifest = models.load_manifest(model)
+    cfg = _json.loads((models.form_path(model, "hf-fp32") / "config.json").read_text())
+    return {"parameters": int(manifest["parameters"]), "kv_bytes_per_token_per_byte": kv_bytes_per_token(cfg, 1),
+            "layers": cfg.get("num_hidden_layers"), "kv_heads": cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")}
+
+
+@lru_cache(maxsize=None)
+def measured_overhead(engine: str, store: Path | None = None, host: str | None = None) -> tuple[int, str]:
+    """An engine's runtime memory beyond its weights and KV cache: peak RSS - weights - KV of its newest ok
+    runs in the store (median), this host's first, else any host's (software, not hardware). The default,
+    named as one, where the store has none."""
+    import statistics
+
+    from harness.store import Store, gc_paused, load_path
+    root = Path(store or PROJECT_ROOT / "artifacts")
+    with gc_paused():
+        arts = [a for a in (load_path(p) for p in Store(root).iter_paths()
+                            if p.parent.name in ("vllm-vs-llamacpp", "batch-sweep", "quickstart"))
+                if a.kind == "run" and a.status == "ok" and a.engine.name == engine and a.residency.peak_memory]
+    rows: dict[str, list[int]] = {}
+    for a in arts:
+        rss = a.residency.peak_memory.get("rss_bytes")
+        eff = a.execution.effective
+        if not isinstance(rss, int):
+            continue
+        if engine == "vllm":
+            weights = a.model.parameters * DTYPE_BYTES.get(a.model.dtype, 4)
+            kv = eff.get("kv_cache_memory_bytes") or 0
+        else:  # the mapped GGUF, and an f16 KV cache of the context it read back
+            weights = eff.get("model_size") or 0
+            kv = int(eff.get("n_ctx", 0)) * geometry(a.model.name)["kv_bytes_per_token_per_byte"] * 2
+        rows.setdefault(a.host.key, []).append(rss - weights - kv)
+    if not rows:
+        return DEFAULT_OVERHEAD[engine], f"default {DEFAULT_OVERHEAD[engine] >> 20} MiB: no ok {engine} run in {root}"
+    key = host if host in rows else max(rows, key=lambda k: len(rows[k]))
+    val = int(statistics.median(rows[key]))
+    return val, f"median peak RSS - weights - KV of {len(rows[key])} {engine} runs of host {key} in {root}"
+
+
+def adapt(model: str, profile: dict[str, Any], context_len: int = 1024, gen_len: int = 128,
+          store: Path | None = None, host: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Per engine, the settings this profile should use: each with its value, rule and evidence."""
+    from harness.engines.vllm import choose_core_and_eager, measured_costs
+    geo = geometry(model)
+    threads, cpus, trule = derive_threads(profile)
+    avail = profile.get("memory_available_bytes")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for engine in ("vllm", "llama.cpp"):
+        dtype, drule = derive_dtype(profile, engine)
+        rows = [{"setting": "dtype" if engine == "vllm" else "form",
+                 "value": dtype if engine == "vllm" else f"gguf-{dtype}", "rule": drule, "evidence": f"ISA tier "
+                 f"{profile['isa_tier']} ({profile['source']})"},
+                {"setting": "threads", "value": threads, "rule": trule, "evidence": f"{profile['cores']} cores"},
+                {"setting": "cpus", "value": cpus, "rule": "the first cores this process may use, one CPU each "
+                 "(SMT siblings left idle)", "evidence": profile["source"]}]
+        ranges = disjoint_ranges(cpus, 2)
+        rows.append({"setting": "cpus for two engines side by side", "value": ranges or "none: one core",
+                     "rule": "equal, disjoint, contiguous ranges", "evidence": f"{len(cpus)} CPUs"})
+        if engine == "vllm":
+            kv_tok = geo["kv_bytes_per_token_per_byte"] * DTYPE_BYTES[dtype]
+            weights = geo["parameters"] * DTYPE_BYTES[dtype]
+            block, ctx = VLLM_BLOCK, context_len
+        else:
+            kv_tok = geo["kv_bytes_per_token_per_byte"] * 2  # llama.cpp's default f16 KV cache
+            weights = geo["parameters"] * DTYPE_BYTES[dtype]
+            block, ctx = LLAMACPP_CTX_PAD, context_len
+        overhead, oev = measured_overhead(engine, store, host)
+        if isinstance(avail, int):
+            adm = admission(avail, weights, overhead, kv_tok, ctx, block)
+            name = "max_num_seqs" if engine == "vllm" else "parallel sequences"
+            rows.append({"setting": name, "value": adm["max_num_seqs"], "rule": adm["rule"],
+                         "evidence": f"available {avail / GIB:.2f} GiB, weights {weights / 2**20:.0f} MiB, overhead "
+                                     f"{overhead / 2**20:.0f} MiB ({oev}), KV {kv_tok} B/token, context {ctx}"})
+            if engine == "vllm":
+                rows.append({"setting": "kv_cache_memory_bytes", "value": adm["kv_cache_memory_bytes"],
+                             "rule": "the admitted sequences' KV in whole blocks, plus the null block",
+                             "evidence": f"block {block}"})
+        if engine == "vllm":
+            costs = measured_costs(store, host)
+            core, eager, why = choose_core_and_eager("auto", "auto", gen_len, costs)
+            rows.append({"setting": "engine_core / eager", "value": f"{core} / {'eager' if eager else 'compiled'}",
+                         "rule": why["rule"], "evidence": str(why.get("estimated_s", "none"))})
+            if costs and (core, eager) in costs["configs"]:
+                c = costs["configs"][(core, eager)]
+                rows.append({"setting": "timeout_s", "value": timeout_s(c["startup_s"], c["s_per_token"], gen_len),
+                             "rule": "3 x (measured start-up + gen_len x s/token), at least 60",
+                             "evidence": f"start-up {c['startup_s']:.1f} s, {1 / c['s_per_token']:.1f} tok/s, host "
+                                         f"{costs.get('host')}"})
+        out[engine] = rows
+    return out
+
+
+BANDWIDTH_TIERS = ((10.0, "<10 GB/s"), (25.0, "10-25 GB/s"), (50.0, "25-50 GB/s"), (float("inf"), ">=50 GB/s"))
+
+
+def bandwidth_tier(host_key: str, store: Path | None = None, emulation: str | None = None) -> tuple[str | None, str]:
+    """The read-bandwidth tier of a host (or of a class emulated on it) from its newest calibration at its
+    most threads; None where it has none (with the command that measures one)."""
+    from harness.ceiling import best_by_threads
+    from harness.store import Store, load_path
+    root = Path(store or PROJECT_ROOT / "baselines")
+    cals = [a for a in (load_path(p) for p in Store(root).iter_paths("calibration"))
+            if a.host.key == host_key and (a.host.emulation or None) == emulation]
+    if not cals:
+        return None, f"no calibration of host {host_key} in {root}: run `harness probe --bandwidth`"
+    cal = max(cals, key=lambda c: c.timing.end)
+    best = best_by_threads(cal)
+    n = max(best)
+    gbs = best[n].get("read_bandwidth_gb_s")
+    if gbs is None:
+        return None, f"calibration {cal.id[:12]} has no read bandwidth"
+    tier = next(name for top, name in BANDWIDTH_TIERS if gbs < top)
+    return tier, f"{gbs:.1f} GB/s read at {n} threads, calibration {cal.id[:12]}"
+
+
+def describe_machine(host: dict) -> dict[str, Any]:
+    """What `harness probe` adds about the machine's class: its descriptive class, tier, cores, memory,
+    bandwidth tier, the committed classes it matches and those it can emulate (and why not the others)."""
+    prof = profile_from_probe(host)
+    bw, bw_ev = bandwidth_tier(host["key"])
+    can, cannot = [], {}
+    for name, hc in classes().items():
+        why = exceeds(hc, prof)
+        (cannot.__setitem__(name, "; ".join(why)) if why else can.append(name))
+    return {"class": class_name_of(prof), "arch": prof["arch"], "isa_tier": prof["isa_tier"], "cores": prof["cores"],
+            "clusters": prof["clusters"] or "none reported (all cores alike)",
+            "memory_gib": round(prof["memory_total_bytes"] / GIB, 1) if isinstance(prof["memory_total_bytes"], int)
+            else "unknown", "bandwidth_tier": bw, "bandwidth_evidence": bw_ev,
+            "can_emulate": can, "cannot_emulate": cannot}
+
+
+def vllm_admission(model: str, profile: dict[str, Any], dtype: str, context_len: int,
+                   store: Path | None = None) -> dict[str, Any]:
+    """`max_num_seqs: auto` / `kv_cache_memory_bytes: auto`: the admission rule on this profile."""
+    from harness.provenance import current_host_key
+    geo = geometry(model)
+    overhead, oev = measured_overhead("vllm", store, current_host_key())
+    adm = admission(int(profile["memory_available_bytes"]), geo["parameters"] * DTYPE_BYTES[dtype], overhead,
+                    geo["kv_bytes_per_token_per_byte"] * DTYPE_BYTES[dtype], context_len, VLLM_BLOCK)
+    return {**adm, "overhead_evidence": oev, "profile": profile["source"]}
+
+
+def llamacpp_admission(model: str, profile: dict[str, Any], form: str, context_len: int,
+                       store: Path | None = None) -> dict[str, Any]:
+    """Parallel sequences of context_len a llama.cpp process fits on this profile (f16 KV cache)."""
+    from harness import models
+    from harness.provenance import current_host_key
+    geo = geometry(model)
+    overhead, oev = measured_overhead("llama.cpp", store, current_host_key())
+    weights = sum(f["size"] for rel, f in models.form_files(model, form).items() if rel.endswith(".gguf"))
+    adm = admission(int(profile["memory_available_bytes"]), weights, overhead, geo["kv_bytes_per_token_per_byte"] * 2,
+                    context_len, LLAMACPP_CTX_PAD)
+    return {**adm, "overhead_evidence": oev, "profile": profile["source"]}
