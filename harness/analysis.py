@@ -20,8 +20,23 @@ from harness.grid import in_family
 
 # --- series -----------------------------------------------------------------------------------
 
+def machine_key(a) -> str:
+    """The physical machine of an artifact: its host key, or for a run emulating a hardware class the key of
+    the machine it ran on (host.machine_key). A grid's arms on one machine, emulated or not, are one series
+    and pair by pass; an arm's runs all share its class, so emulated and native runs are never pooled."""
+    return a.host.get("machine_key") or a.host.key
+
+
 def by_host(arts: list) -> dict[str, list]:
-    """Artifacts grouped by the host that measured them (host.key), hosts in order of their first run."""
+    """Artifacts grouped by the machine that measured them (machine_key), machines in order of their first run."""
+    groups: dict[str, list] = defaultdict(list)
+    for a in sorted(arts, key=lambda a: (a.timing.start, a.id)):
+        groups[machine_key(a)].append(a)
+    return dict(groups)
+
+
+def by_key(arts: list) -> dict[str, list]:
+    """Artifacts grouped by their exact host key (an emulated class apart from its machine)."""
     groups: dict[str, list] = defaultdict(list)
     for a in sorted(arts, key=lambda a: (a.timing.start, a.id)):
         groups[a.host.key].append(a)
@@ -31,7 +46,7 @@ def by_host(arts: list) -> dict[str, list]:
 def newest_series(arts: list) -> list:
     """The newest series of one host's artifacts of a grid: those stamped with the grid sha256 of its latest
     run. Callers pass one host's artifacts only."""
-    assert len({a.host.key for a in arts}) == 1, "a series is measured by one host"
+    assert len({machine_key(a) for a in arts}) == 1, "a series is measured by one host"
     latest = max(arts, key=lambda a: a.timing.end)
     return [a for a in arts if a.grid.sha256 == latest.grid.sha256]
 

@@ -11,6 +11,7 @@ import ctypes
 import json
 import mmap
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -20,11 +21,20 @@ PAGE = mmap.PAGESIZE
 
 def hold(nbytes: int) -> int:
     buf = mmap.mmap(-1, max(PAGE, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:  # lockable beyond the default 8 MiB where the process may raise its limit (root)
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (ValueError, OSError):
+        pass
+    try:  # the kernel's OOM killer takes the engine, never the balloon (a killed balloon would end the cap)
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("-1000")
+    except OSError:
+        pass
     libc = ctypes.CDLL(None, use_errno=True)
-    addr = ctypes.c_void_p.from_buffer(buf)  # type: ignore[arg-type]
-    locked = libc.mlock(addr, ctypes.c_size_t(len(buf))) == 0  # lock first: mlock populates the pages
+    anchor = ctypes.c_char.from_buffer(buf)  # the mapping's first byte: its address is the mapping's
+    locked = libc.mlock(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(len(buf))) == 0  # populates
     err = "" if locked else os.strerror(ctypes.get_errno())
-    del addr
+    del anchor
     if not locked:  # not lockable (no CAP_IPC_LOCK, limit): touch every page so it is at least resident
         for off in range(0, len(buf), PAGE):
             buf[off] = 1

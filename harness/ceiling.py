@@ -39,8 +39,9 @@ DEFINITIONS = {
 }
 
 
-def _kernel(threads: int, reps: int) -> dict:
-    """Runs inside a fresh process: the measurements at one thread count."""
+def _kernel(threads: int, reps: int, bf16_compute: bool | None = None) -> dict:
+    """Runs inside a fresh process: the measurements at one thread count. `bf16_compute`: the emulated class's
+    (None: this CPU's)."""
     import torch
     torch.set_num_threads(threads)
     out: dict[str, list[float]] = {}
@@ -55,7 +56,8 @@ def _kernel(threads: int, reps: int) -> dict:
     out["read_bandwidth_gb_s"] = samples
     del x
     from harness.probe import cpu_info
-    sizes = {"fp32": MATMUL_N, "bf16": MATMUL_N if cpu_info().get("bf16_compute") else MATMUL_N_EMULATED_BF16}
+    bf16 = cpu_info().get("bf16_compute") if bf16_compute is None else bf16_compute
+    sizes = {"fp32": MATMUL_N, "bf16": MATMUL_N if bf16 else MATMUL_N_EMULATED_BF16}
     for key, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         n = sizes[key]
         a = torch.randn(n, n).to(dtype)
@@ -69,23 +71,67 @@ def _kernel(threads: int, reps: int) -> dict:
                 samples.append(2 * n ** 3 / dt_ / 1e9)
         out[f"matmul_gflop_s_{key}"] = samples
     return {"threads": threads, "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "samples": out,
-            "matmul_n": sizes}
+            "matmul_n": sizes, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
-def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "baselines", out=None) -> Path:
+def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "baselines", out=None,
+            hw_class: str | None = None) -> Path:
+    """The calibration of this machine, or of a hardware class emulated on it (`hw_class`: its cores, memory
+    and ISA caps; the artifact's host is then that class's, and the report sets that class's runs against it)."""
     out = out or sys.stderr
     allowed = sorted(os.sched_getaffinity(0))
+    em = None
+    if hw_class:
+        from harness import emulate
+        em = emulate.plan(hw_class, 1, None, "harness probe --bandwidth --class")
+        allowed = em.cpus
+        max_threads = min(max_threads or len(allowed), len(allowed))
     n = len(allowed) if max_threads is None else max_threads
     if not 1 <= n <= len(allowed):
         raise UserError("harness probe --bandwidth", f"--max-threads: {n} is not between 1 and the {len(allowed)} CPU(s) "
                         "this process may use", f"pass --max-threads 1..{len(allowed)}")
     if reps < 1:
         raise UserError("harness probe --bandwidth", f"--repetitions: must be at least 1, got {reps}", "pass 1 or more")
-    span = provenance.Span()
+    bf16 = None
+    if em:
+        from harness import emulate, hardware
+        bf16 = bool(hardware.profile_from_class(em.cls, "")["isa"].get("avx512_bf16"))
+        emulate.inflate(em)
+    try:
+        span = provenance.Span()
+        per_threads = _measure_threads(n, reps, allowed, em.env if em else {}, bf16, out)
+        host, timing = span.finish()
+    finally:
+        held = emulate.deflate(em) if em else True
+    method_emulation = None
+    if em:
+        from harness.probe import host_key
+        host["machine_key"] = host["key"]
+        host["emulation"] = em.cls.name
+        host["key"] = host_key(host)
+        caps = {"torch_cpu_capability": sorted({r["torch_cpu_capability"] for r in per_threads}),
+                "memory_available_at_start": em.available_at_start, "balloon_held": held,
+                "cpus": allowed, "env": em.env}
+        method_emulation = {"class": em.cls.name, "class_sha256": emulate.class_sha256(em.cls.name), **caps}
+    doc = {"schema_version": artifact.SCHEMA_VERSION, "kind": "calibration", "status": "ok",
+           "grid": {"name": "calibration", "path": f"harness probe --bandwidth --max-threads {n} --repetitions {reps}"
+                    + (f" --class {hw_class}" if hw_class else "")},
+           "harness": provenance.harness_info(), "host": host,
+           "method": {"definitions": DEFINITIONS, "repetitions": reps, "warmups": 1, "process_per_thread_count": True,
+                      "affinity": "taskset to the first N allowed CPUs",
+                      **({"emulation": method_emulation} if method_emulation else {})},
+           "results": per_threads,
+           "timing": timing}
+    a = artifact.finalize(doc)
+    return Store(Path(store_root)).write(a)
+
+
+def _measure_threads(n: int, reps: int, allowed: list[int], extra_env: dict, bf16: bool | None, out) -> list[dict]:
     per_threads = []
     for t in range(1, n + 1):
-        cmd = [sys.executable, "-c", f"import json; from harness.ceiling import _kernel; print(json.dumps(_kernel({t}, {reps})))"]
-        env = {**os.environ, "OMP_NUM_THREADS": str(t)}
+        cmd = [sys.executable, "-c", "import json; from harness.ceiling import _kernel; "
+               f"print(json.dumps(_kernel({t}, {reps}, {bf16!r})))"]
+        env = {**os.environ, "OMP_NUM_THREADS": str(t), **extra_env}
         cpus = ",".join(str(c) for c in allowed[:t])
         r = subprocess.run(["taskset", "-c", cpus, *cmd], capture_output=True, text=True, env=env)
         if r.returncode != 0:
@@ -96,16 +142,7 @@ def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "ba
         best = {k: max(v) for k, v in res["samples"].items()}
         print(f"[ceiling] {t} thread(s): read {best['read_bandwidth_gb_s']:.1f} GB/s, fp32 "
               f"{best['matmul_gflop_s_fp32']:.0f} GFLOP/s, bf16 {best['matmul_gflop_s_bf16']:.0f} GFLOP/s", file=out)
-    host, timing = span.finish()
-    doc = {"schema_version": artifact.SCHEMA_VERSION, "kind": "calibration", "status": "ok",
-           "grid": {"name": "calibration", "path": f"harness probe --bandwidth --max-threads {n} --repetitions {reps}"},
-           "harness": provenance.harness_info(), "host": host,
-           "method": {"definitions": DEFINITIONS, "repetitions": reps, "warmups": 1, "process_per_thread_count": True,
-                      "affinity": "taskset to the first N allowed CPUs"},
-           "results": per_threads,
-           "timing": timing}
-    a = artifact.finalize(doc)
-    return Store(Path(store_root)).write(a)
+    return per_threads
 
 
 def best_by_threads(cal: "artifact.CalibrationArtifact") -> dict[int, dict[str, float]]:

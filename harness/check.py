@@ -119,6 +119,7 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
     if host_key(doc["host"]) != a.host.key:
         problems.append(f"{where}: host.key: {a.host.key} does not match the host block (it hashes to "
                         f"{host_key(doc['host'])})")
+    problems += _emulation_problems(doc, a, where)
     if a.harness.commit.startswith("unknown") or a.harness.dirty is None:
         if not allow_unknown_commit:
             problems.append(f"{where}: harness.commit: {a.harness.commit!r}, tree state "
@@ -137,6 +138,28 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
     if verify_models and getattr(a, "model", None) is not None and a.model.files:
         problems += _check_model_files(a, where)
     return problems
+
+
+def _emulation_problems(doc: dict, a: Any, where: str) -> list[str]:
+    """A run that emulated a hardware class says so consistently: the host's emulation, the machine it ran on
+    (host.machine_key hashes the same host block, native), and execution.emulation with a status per cap."""
+    emu = a.host.emulation
+    if not emu:
+        if a.kind == "run" and a.execution.emulation:
+            return [f"{where}: execution.emulation: present but host.emulation is null"]
+        return []
+    out = []
+    mk = doc["host"].get("machine_key")
+    if mk != host_key({**doc["host"], "emulation": None}):
+        out.append(f"{where}: host.machine_key: {mk} is not the native key of this host block")
+    if a.kind == "run":
+        rec = a.execution.emulation
+        if not rec or rec.get("class") != emu:
+            out.append(f"{where}: execution.emulation: missing or not of class {emu}")
+        elif not all(isinstance(c, dict) and str(c.get("status", "")).startswith(("emulated", "not emulated"))
+                     for c in rec.get("caps", {}).values()) or not rec.get("caps"):
+            out.append(f"{where}: execution.emulation.caps: every cap needs a status (emulated, or not emulated: why)")
+    return out
 
 
 def read_back_problems(a: Any, where: str) -> list[str]:

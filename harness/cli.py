@@ -16,7 +16,7 @@ from harness.errors import UserError
 def cmd_probe(args: argparse.Namespace) -> int:
     if args.bandwidth:
         from harness import ceiling
-        path = ceiling.measure(args.max_threads, args.repetitions, args.store)
+        path = ceiling.measure(args.max_threads, args.repetitions, args.store, hw_class=args.hw_class)
         print(f"wrote {path}")
         return 0
     from harness.hardware import describe_machine
@@ -199,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-threads", type=int, default=None, help="N (default: the CPUs this process may use)")
     sp.add_argument("--repetitions", type=int, default=5)
     sp.add_argument("--store", default="baselines", help="where the calibration artifact goes (<store>/calibration/)")
+    sp.add_argument("--class", dest="hw_class", default=None,
+                    help="with --bandwidth: calibrate a hardware class emulated on this machine (grids/hardware/)")
     sp.set_defaults(func=cmd_probe)
 
     sa = sub.add_parser("adapt", help="the settings each engine should use on this machine or a hardware class")

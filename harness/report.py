@@ -19,7 +19,7 @@ import jinja2
 import numpy as np
 
 from harness import analysis, stats
-from harness.analysis import Newest, by_host
+from harness.analysis import Newest, by_host, by_key
 from harness.artifact import RunArtifact
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
@@ -82,7 +82,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
     # every artifact of the grid on this host, shown or not, is in the fingerprint: adding or removing
     # any one of them makes the rendered file stale
     fingerprint = hashlib.sha256("\n".join(sorted(a.id for a in all_arts)).encode()).hexdigest()[:16]
-    first = arts[0]
+    first = next((a for a in arts if not a.host.emulation), arts[0])  # the machine itself, where it ran natively
     older = [a for a in all_arts if a.grid.sha256 != first.grid.sha256]
     older_series = len({a.grid.sha256 for a in older})
     ok = [a for a in arts if a.status == "ok"]
@@ -149,7 +149,8 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
         "arm_forms": {a.grid.arm: (a.engine.name, a.model.form) for a in ok},
         "family": _family_text(an), "between": between, "definitions_note": _definitions_note(tables),
-        "host": describe(first.host.model_dump()), "host_key": first.host.key, "slug": f"{name}-{first.host.key}",
+        "host": describe(first.host.model_dump()), "host_key": analysis.machine_key(first),
+        "slug": f"{name}-{analysis.machine_key(first)}", "emulated_arms": _emulated_arms(arts),
         "kernels": sorted({str(a.host.get("kernel")) for a in arts}),
         "harness_commits": sorted({a.harness.commit[:12] for a in arts}),
         "dirty": any(a.harness.dirty for a in arts),
@@ -226,7 +227,7 @@ def collect(store_dirs: list[str]) -> Collected:
 
 
 # The speed grids whose builds are set against the machine's ceiling (when they are in the store).
-CEILING_GRIDS = ("llamacpp-baseline", "vllm-vs-llamacpp", "decode-threads")
+CEILING_GRIDS = ("llamacpp-baseline", "vllm-vs-llamacpp", "decode-threads", "hardware-ladder")
 
 
 
@@ -236,16 +237,23 @@ def ceiling_section(calibrations: list, newest: Newest) -> list[dict]:
     """Per host: decode as weight bytes per second against the read bandwidth measured on that host, prefill
     as FLOP/s against its matmul peak, both at the run's thread count (the host's newest calibration, newest
     series). A host with speed series and no calibration is named, with the command that measures one."""
-    cal_by_host = {key: max(cals, key=lambda c: c.timing.end) for key, cals in by_host(calibrations).items()}
-    speed_hosts = {key for (name, key) in newest if name in CEILING_GRIDS}
+    cal_by_host = {key: max(cals, key=lambda c: c.timing.end) for key, cals in by_key(calibrations).items()}
+    # an emulated class is its own host here: its runs are set against the calibration taken under its caps
+    speed: dict[str, dict[str, list]] = defaultdict(dict)
+    for (name, _machine), arts in newest.items():
+        if name in CEILING_GRIDS:
+            for key, mine in by_key(arts).items():
+                speed[key][name] = mine
     out = []
-    for key in sorted(set(cal_by_host) | speed_hosts):
+    for key in sorted(set(cal_by_host) | set(speed)):
         cal = cal_by_host.get(key)
         if cal is None:
-            out.append({"host_key": key, "missing": f"no calibration for host `{key}`: run `harness probe --bandwidth` "
+            emu = next((a.host.emulation for g in speed[key].values() for a in g if a.host.emulation), None)
+            how = f"`harness probe --bandwidth --class {emu}`" if emu else "`harness probe --bandwidth`"
+            out.append({"host_key": key, "missing": f"no calibration for host `{key}`: run {how} "
                         "on it; another machine's ceiling is never borrowed"})
             continue
-        out.append(_ceiling_of_host(cal, {name: arts for (name, k), arts in newest.items() if k == key}))
+        out.append(_ceiling_of_host(cal, speed.get(key, {})))
     return out
 
 
@@ -371,6 +379,20 @@ def fidelity_section(name: str, all_arts: list, newest: Newest) -> dict:
             "dirty": any(a.harness.dirty for a in arts), "harness_commits": sorted({a.harness.commit[:12] for a in arts})}
 
 
+def _emulated_arms(arts: list[RunArtifact]) -> list[dict]:
+    """Per arm run under a hardware class: the class, its host key, and each cap's status over its runs."""
+    out: dict[str, dict] = {}
+    for a in arts:
+        emu = a.execution.emulation
+        if not emu:
+            continue
+        row = out.setdefault(a.grid.arm, {"arm": a.grid.arm, "cls": emu["class"], "host_key": a.host.key, "caps": {}})
+        for cap, c in emu["caps"].items():
+            row["caps"].setdefault(cap, set()).add(c["status"])
+    return [{**r, "caps": "; ".join(f"{cap} {' / '.join(sorted(st))}" for cap, st in sorted(r["caps"].items()))}
+            for _, r in sorted(out.items())]
+
+
 def render(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> str:
     return build(store_dirs, template)[0]
 
@@ -494,7 +516,7 @@ def hosts_rows(c: Collected) -> list[dict]:
     every = [a for arts in c.runs.values() for a in arts] + [a for arts in c.fidelity.values() for a in arts] + \
         list(c.calibrations) + list(c.references)
     rows = []
-    for key, arts in by_host(every).items():
+    for key, arts in by_key(every).items():
         h = arts[0].host
         total = h.memory.get("total_bytes")
         kinds = defaultdict(int)

@@ -126,7 +126,8 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
             held = emulate.deflate(em)
     emulation = None
     if em:
-        host["emulation"] = em.cls.name  # part of the host key: emulated runs are their own series
+        host["machine_key"] = host["key"]  # the machine the class was emulated on (the report's series)
+        host["emulation"] = em.cls.name  # part of the host key: an emulated class is a host of its own
         host["key"] = key_of(host)
         emulation = emulate.record(em, engine.name, res.effective, res.settings, held)
     page_cache = "not observed (arm observe: bare)" if not observe else "none" if not before else (

@@ -31,7 +31,7 @@ class Command(Engine):
     # affinity can be read: both recorded when known, never enforced
     observe_only = frozenset({"threads", "cpus"})
 
-    def check(self, model: str, form: str | None) -> str:
+    def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
         return form or self.default_form
 
     def engine_info(self) -> dict[str, Any]:
