@@ -83,7 +83,8 @@ def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "ba
     em = None
     if hw_class:
         from harness import emulate
-        em = emulate.plan(hw_class, 1, None, "harness probe --bandwidth --class")
+        cls = emulate.hardware.get_class(hw_class)
+        em = emulate.plan(hw_class, cls.cores, None, "harness probe --bandwidth --class")
         allowed = em.cpus
         max_threads = min(max_threads or len(allowed), len(allowed))
     n = len(allowed) if max_threads is None else max_threads

@@ -66,7 +66,7 @@ def plan(name: str, threads: int, arm_cpus: list[int] | None, where: str) -> Emu
     if threads > hc.cores:
         raise UserError(where, f"threads {threads} exceed hardware {name}'s {hc.cores} cores",
                         f"use at most {hc.cores} threads with this class")
-    cpus = arm_cpus or native["cpus"][:hc.cores]
+    cpus = arm_cpus or native["cpus"][:threads]  # as natively: the first `threads` CPUs, within the class's cores
     if len(cpus) > hc.cores:
         raise UserError(where, f"cpus {cpus} are more than hardware {name}'s {hc.cores} cores", "list fewer cpus")
     em = Emulation(cls=hc, native=native, cpus=list(cpus))

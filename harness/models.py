@@ -234,8 +234,10 @@ def get_def(name: str) -> ModelDef:
 def model_key(name: str) -> str:
     """Cache key: the model's inputs (wheel hash, llama.cpp build) and the recipe version."""
     from harness import llamacpp_build
+    with llamacpp_build.variant(None):  # models are made by the native build, whatever variant runs them
+        code = llamacpp_build.code_key()
     payload = json.dumps({"name": name, "recipe": RECIPE_VERSION, "wheel": SMOL_WHEEL_SHA256,
-                          "llama.cpp": llamacpp_build.code_key(), "tiny": TINY_CONFIG if name == "tiny-llama" else None},
+                          "llama.cpp": code, "tiny": TINY_CONFIG if name == "tiny-llama" else None},
                          sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
