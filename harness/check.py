@@ -156,9 +156,13 @@ def _emulation_problems(doc: dict, a: Any, where: str) -> list[str]:
         rec = a.execution.emulation
         if not rec or rec.get("class") != emu:
             out.append(f"{where}: execution.emulation: missing or not of class {emu}")
-        elif not all(isinstance(c, dict) and str(c.get("status", "")).startswith(("emulated", "not emulated"))
+        elif not all(isinstance(c, dict) and str(c.get("status", "")).startswith(("emulated", "not emulated",
+                                                                                    "unverified"))
                      for c in rec.get("caps", {}).values()) or not rec.get("caps"):
-            out.append(f"{where}: execution.emulation.caps: every cap needs a status (emulated, or not emulated: why)")
+            out.append(f"{where}: execution.emulation.caps: every cap needs a status (emulated, not emulated: why, "
+                       "or unverified: why)")
+        elif a.status == "ok" and any(str(c["status"]).startswith("unverified") for c in rec["caps"].values()):
+            out.append(f"{where}: execution.emulation.caps: an ok run left a cap unverified")
     return out
 
 

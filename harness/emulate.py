@@ -118,6 +118,9 @@ def _status(ok: bool, why: str) -> str:
     return "emulated" if ok else f"not emulated: {why}"
 
 
+UNVERIFIED = "unverified: the run failed before the engine reported what it used"
+
+
 def record(em: Emulation, engine: str, effective: dict, settings: dict, balloon_held: bool) -> dict:
     """The artifact's execution.emulation: each cap as requested, applied and read back, with its status."""
     hc = em.cls
@@ -141,6 +144,10 @@ def record(em: Emulation, engine: str, effective: dict, settings: dict, balloon_
                                      f"{avail} B available at start, class {target} B")},
     }
     caps["isa"] = isa_record(em, engine, effective)
+    if not settings:  # a failed run read nothing back: its caps were applied, never confirmed
+        caps["cores"]["status"] = UNVERIFIED
+        if caps["isa"]["status"] != "emulated" or em.isa_capped:
+            caps["isa"]["status"] = UNVERIFIED
     return {"class": hc.name, "class_sha256": class_sha256(hc.name), "native_tier": em.native["isa_tier"],
             "caps": caps, "emulated": all(c["status"] == "emulated" for c in caps.values()),
             "not_emulated": "cache sizes, memory bandwidth, clock and thermal limits are the machine's own "

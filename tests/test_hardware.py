@@ -151,3 +151,10 @@ def test_isa_record_reads_llamacpp_system_info():
     em2 = emulate.Emulation(cls=hardware.get_class(AVX2_4G), native={"isa_tier": "avx512-bf16"}, cpus=[0, 1])
     ok = emulate.isa_record(em2, "vllm", {"torch_cpu_capability": "AVX2", "vllm_kernels": "_C_AVX2"})
     assert ok["status"] == "emulated"
+
+
+def test_a_failed_run_leaves_its_read_back_caps_unverified():
+    em = emulate.Emulation(cls=hardware.get_class("x86-baseline-2c-8g"), native={"isa_tier": "avx2"}, cpus=[0])
+    rec = emulate.record(em, "vllm", {}, {}, balloon_held=True)
+    assert rec["caps"]["cores"]["status"].startswith("unverified")
+    assert rec["caps"]["isa"]["status"].startswith("unverified") and rec["emulated"] is False
