@@ -50,7 +50,7 @@ demo: setup
 	$(HARNESS) plan grids/quickstart.yaml
 	$(HARNESS) run grids/quickstart.yaml --store .demo/artifacts
 	$(HARNESS) report --store .demo/artifacts --out .demo/results.md
-	$(HARNESS) report --out reports/results.md --readme README.md --readme docs/methodology.md --readme docs/runtime.md
+	$(HARNESS) report --out reports/results.md --readme README.md --readme docs/methodology.md --readme docs/runtime.md --readme docs/hardware.md
 	$(HARNESS) check .demo/artifacts artifacts baselines
 	@echo "[demo] this machine's run: .demo/results.md; the published results: reports/results.md"
 

@@ -23,12 +23,12 @@ from harness.errors import UserError
 
 # torch's switches per x86 tier: (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, the capability torch then reports)
 TORCH_CAPS = {"baseline": ("default", "SSE41", "DEFAULT"), "avx2": ("avx2", "AVX2", "AVX2"),
-              "avx512": ("avx512", "AVX512_CORE_VNNI", "AVX512"), "avx512-bf16": ("avx512", "AVX512_CORE_BF16", "AVX512"),
+              "avx512": ("avx512", "AVX512_CORE", "AVX512"), "avx512-bf16": ("avx512", "AVX512_CORE_BF16", "AVX512"),
               "amx": ("avx512", "AVX512_CORE_AMX", "AVX512")}
 # llama.cpp's system info names of the instruction sets above each tier: none may read "= 1" under the cap
 ABOVE_TIER = {"baseline": ("AVX", "AVX2", "FMA", "F16C", "AVX512", "AVX512_BF16", "AMX_INT8"),
               "avx2": ("AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8"),
-              "avx512": ("AVX512_BF16", "AMX_INT8"), "avx512-bf16": ("AMX_INT8",), "amx": ()}
+              "avx512": ("AVX512_VNNI", "AVX512_BF16", "AMX_INT8"), "avx512-bf16": ("AMX_INT8",), "amx": ()}
 # vLLM's x86 kernel libraries, lowest first; the worker loads the one for the tier (none exists below AVX2)
 VLLM_KERNELS = {"avx2": "_C_AVX2", "avx512": "_C_AVX512", "avx512-bf16": "_C", "amx": "_C"}
 MEMORY_TOLERANCE = 0.05  # the balloon is judged to hold the class's memory within 5% of it

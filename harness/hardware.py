@@ -28,7 +28,7 @@ GIB = 1 << 30
 # ISA tiers per architecture, lowest first, with the /proc/cpuinfo flags each one implies.
 TIERS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "x86_64": (("baseline", ("sse4_2",)), ("avx2", ("avx", "avx2", "fma", "f16c")),
-               ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")), ("avx512-bf16", ("avx512_bf16",)),
+               ("avx512", ("avx512f", "avx512bw", "avx512vl")), ("avx512-bf16", ("avx512_vnni", "avx512_bf16")),
                ("amx", ("amx_tile", "amx_bf16", "amx_int8"))),
     "aarch64": (("neon", ("asimd",)), ("dotprod", ("asimddp",)), ("i8mm", ("i8mm", "bf16")), ("sve", ("sve",))),
 }
@@ -123,11 +123,9 @@ def profile_from_class(hc: HardwareClass, source: str) -> dict[str, Any]:
 def profile_from_probe(host: dict) -> dict[str, Any]:
     cpu = host.get("cpu", {})
     arch = cpu.get("arch", "unknown")
-    cpus = cpu.get("affinity") or cpu.get("online_cpus") or []
-    phys = cpu.get("physical_cores")
-    tpc = cpu.get("threads_per_core") or 1
+    cpus = one_cpu_per_core(cpu.get("affinity") or cpu.get("online_cpus") or [])
     # one inference thread per physical core: SMT siblings share the core's vector units
-    cores = max(1, len(cpus) // tpc) if isinstance(phys, int) else len(cpus)
+    cores = max(1, len(cpus))
     isa = {f: bool(v) for f, v in cpu.get("isa", {}).items()}
     tier = cpu.get("isa_tier") or "baseline"
     if arch in TIERS:  # the tier in this module's terms: the highest whose flags (and those below) are all present
@@ -138,8 +136,42 @@ def profile_from_probe(host: dict) -> dict[str, Any]:
             tier = name
     mem = host.get("memory", {})
     return {"source": "probe", "class": None, "arch": arch, "isa_tier": tier, "isa": isa, "cores": cores,
-            "cpus": list(cpus)[:cores * tpc][::tpc] if tpc > 1 else list(cpus), "clusters": None,
+            "cpus": cpus, "clusters": clusters_from_sysfs(cpus),
             "memory_total_bytes": mem.get("total_bytes"), "memory_available_bytes": mem.get("available_bytes")}
+
+
+def one_cpu_per_core(cpus: list[int], sys_cpu: str = "/sys/devices/system/cpu") -> list[int]:
+    """The first CPU of each physical core among `cpus` (SMT siblings dropped), by the kernel's topology; all
+    of them where the topology is unreadable."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for c in cpus:
+        try:
+            core = Path(f"{sys_cpu}/cpu{c}/topology/core_id").read_text().strip()
+            pkg = Path(f"{sys_cpu}/cpu{c}/topology/physical_package_id").read_text().strip()
+        except OSError:
+            return list(cpus)
+        if (pkg, core) not in seen:
+            seen.add((pkg, core))
+            out.append(c)
+    return out
+
+
+def clusters_from_sysfs(cpus: list[int], sys_cpu: str = "/sys/devices/system/cpu") -> list[dict] | None:
+    """Big/little clusters where the kernel reports them (arm64 cpu_capacity: each CPU's relative capacity,
+    1024 the biggest): CPUs grouped by capacity, biggest first, the biggest ones the performance cluster.
+    None where the kernel reports none or all CPUs are alike."""
+    caps: dict[int, list[int]] = {}
+    for c in cpus:
+        try:
+            caps.setdefault(int(Path(f"{sys_cpu}/cpu{c}/cpu_capacity").read_text().strip()), []).append(c)
+        except (OSError, ValueError):
+            return None
+    if len(caps) < 2:
+        return None
+    top = max(caps)
+    return [{"name": f"capacity-{cap}", "cores": len(cs), "performance": cap == top, "cpus": cs}
+            for cap, cs in sorted(caps.items(), reverse=True)]
 
 
 def current_profile(class_name: str | None = None) -> dict[str, Any]:
@@ -203,9 +235,9 @@ def derive_threads(profile: dict[str, Any]) -> tuple[int, list[int], str]:
     clusters = profile.get("clusters")
     if clusters and any(not c.get("performance", True) for c in clusters):
         cpus, offset = [], 0
-        for c in clusters:  # clusters in CPU-number order, as the class lists them
+        for c in clusters:  # a class lists clusters in CPU-number order; a probed cluster names its CPUs
             if c.get("performance", True):
-                cpus += list(range(offset, offset + c["cores"]))
+                cpus += c.get("cpus") or list(range(offset, offset + c["cores"]))
             offset += c["cores"]
         return len(cpus), cpus, f"the {len(cpus)} performance cores only: a decode step waits for its slowest thread"
     return profile["cores"], list(profile["cpus"])[:profile["cores"]], "one thread per core, pinned"

@@ -61,8 +61,8 @@ def _on(*names: str) -> tuple[str, ...]:
 ISA_VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "baseline": (("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", *_OFF), ("-march=x86-64-v2",)),
     "avx2": (("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", *_on("AVX", "AVX2", "FMA", "F16C", "BMI2")), ("-march=x86-64-v3",)),
-    "avx512": (("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", *_on("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512",
-                                                          "AVX512_VNNI")), ("-march=x86-64-v4", "-mavx512vnni")),
+    "avx512": (("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", *_on("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512")),
+               ("-march=x86-64-v4",)),
     "avx512-bf16": (("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", *_on("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512",
                                                                "AVX512_VNNI", "AVX512_BF16")),
                     ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16")),

@@ -151,6 +151,8 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "family": _family_text(an), "between": between, "definitions_note": _definitions_note(tables),
         "host": describe(first.host.model_dump()), "host_key": analysis.machine_key(first),
         "slug": f"{name}-{analysis.machine_key(first)}", "emulated_arms": _emulated_arms(arts),
+        "failures": [{"arm": a.grid.arm, "pass_index": a.grid.pass_index, "error": (a.error or a.status)[:200]}
+                     for a in sorted(arts, key=lambda a: (a.grid.arm, a.grid.pass_index)) if a.status != "ok"],
         "kernels": sorted({str(a.host.get("kernel")) for a in arts}),
         "harness_commits": sorted({a.harness.commit[:12] for a in arts}),
         "dirty": any(a.harness.dirty for a in arts),
@@ -580,6 +582,8 @@ BLOCKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
     "runtime": ("evidence.md.j2", ("runtime-startup", "runtime-patches"),
                 ("startup_s", "decode_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mib")),
     "definitions": ("definitions.md.j2", ("llama-bench-vs-request",), ()),
+    "hardware": ("hardware.md.j2", ("hardware-ladder", "hardware-memory"),
+                 ("decode_tok_s", "prefill_tok_s", "ttft_s", "startup_s", "peak_rss_mib")),
     "evidence": ("evidence.md.j2", ("planted-interleaved", "planted-sequential", "noise-aa", "footprint-llamacpp",
                                     "footprint-vllm"), None),
 }
@@ -654,9 +658,10 @@ def render_block(name: str, ctx: dict) -> str:
     template, grids, metrics = BLOCKS[name]
     begin, end = block_markers(name)
     secs = [sec for g in grids for sec in ctx["sections"] if sec["name"] == g]
+    class_hosts = {e["host_key"]: e["cls"] for sec in secs for e in sec.get("emulated_arms", [])}
     return _env().get_template(template).render(
         sections=[{**sec, "pivots": pivot(sec, metrics), "pairs": definition_pairs(sec)} for sec in secs],
-        fidelity=ctx["fidelity"],
+        fidelity=ctx["fidelity"], class_hosts=class_hosts,
         ceilings=ctx["ceilings"], hosts=ctx["hosts"], begin=begin, end=end).rstrip("\n")
 
 

@@ -158,3 +158,27 @@ def test_a_failed_run_leaves_its_read_back_caps_unverified():
     rec = emulate.record(em, "vllm", {}, {}, balloon_held=True)
     assert rec["caps"]["cores"]["status"].startswith("unverified")
     assert rec["caps"]["isa"]["status"].startswith("unverified") and rec["emulated"] is False
+
+
+def test_one_cpu_per_core_drops_smt_siblings(tmp_path):
+    # 4 CPUs, 2 cores: siblings (0, 2) and (1, 3), as Linux numbers them on many x86 machines
+    for cpu, core in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        d = tmp_path / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "core_id").write_text(f"{core}\n")
+        (d / "physical_package_id").write_text("0\n")
+    assert hardware.one_cpu_per_core([0, 1, 2, 3], str(tmp_path)) == [0, 1]
+    assert hardware.one_cpu_per_core([2, 3], str(tmp_path)) == [2, 3]
+    assert hardware.one_cpu_per_core([0, 9], str(tmp_path)) == [0, 9]  # unreadable topology: all of them
+
+
+def test_big_little_clusters_from_cpu_capacity(tmp_path):
+    for cpu, cap in ((0, 512), (1, 512), (2, 1024), (3, 1024)):
+        d = tmp_path / f"cpu{cpu}"
+        d.mkdir()
+        (d / "cpu_capacity").write_text(f"{cap}\n")
+    cl = hardware.clusters_from_sysfs([0, 1, 2, 3], str(tmp_path))
+    assert [(c["cores"], c["performance"], c["cpus"]) for c in cl] == [(2, True, [2, 3]), (2, False, [0, 1])]
+    p = {"clusters": cl, "cores": 4, "cpus": [0, 1, 2, 3]}
+    assert hardware.derive_threads(p)[:2] == (2, [2, 3])
+    assert hardware.clusters_from_sysfs([0, 1], str(tmp_path)) is None  # all alike
