@@ -110,9 +110,21 @@ def mixed_builds(arts: list) -> list[str]:
 # --- fidelity gates ---------------------------------------------------------------------------
 
 def fidelity_key(a: Any) -> tuple:
-    """What a fidelity result vouches for: the host, the engine and its build commit, the model form and
-    its weight files."""
-    return (a.host.key, a.engine.name, a.engine.build_commit, a.model.name, a.model.form, weight_shas(a))
+    """What a fidelity result vouches for: the machine, the engine, its build commit and ISA variant (a capped
+    llama.cpp build computes with other kernels; None: the native build), the ISA a run was capped to (torch's kernels change with it), the
+    model form and its weight files. A run emulating a class without an ISA cap (cores, memory) computes what
+    the machine computes: its machine's fidelity vouches for it."""
+    return (machine_key(a), a.engine.name, a.engine.build_commit, a.engine.build.get("isa_variant"), isa_cap(a),
+            a.model.name, a.model.form, weight_shas(a))
+
+
+def isa_cap(a: Any) -> str | None:
+    """The ISA tier a run was capped to, or None (native, or emulated without an ISA cap)."""
+    emu = getattr(a.execution, "emulation", None) if hasattr(a, "execution") else None
+    if not emu:
+        return None
+    isa = emu.get("caps", {}).get("isa", {})
+    return None if str(isa.get("applied", "")).startswith("none") else isa.get("requested")
 
 
 def fidelity_gates(fidelity_arts: list) -> dict[tuple, Any]:

@@ -282,7 +282,10 @@ def _ceiling_of_host(cal: Any, newest: dict[str, list[RunArtifact]]) -> dict:
             dec = stats.summarize([stats.summarize(a.metrics["decode_tok_s"].samples).median for a in arts]).median
             pre = stats.summarize([stats.summarize(a.metrics["prefill_tok_s"].samples).median for a in arts]).median
             gbs = wbytes * dec / 1e9
-            bf16 = "bf16" in a0.model.dtype or "bfloat16" in a0.model.dtype
+            # bf16 weights are computed in bf16 only where the host's bf16 matmul outruns its fp32 one; else the
+            # engines widen them to fp32 (llama.cpp on AVX2), and fp32 is the peak they can reach
+            bf16 = ("bf16" in a0.model.dtype or "bfloat16" in a0.model.dtype) and \
+                best[t]["matmul_gflop_s_bf16"] > best[t]["matmul_gflop_s_fp32"]
             quant = a0.model.dtype.lower().startswith("q")
             peak = best[t]["matmul_gflop_s_bf16" if bf16 else "matmul_gflop_s_fp32"]
             gflops = 2 * MATMUL_PARAMETERS.get(a0.model.name, a0.model.parameters) * pre / 1e9
@@ -512,6 +515,16 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     return jinja2.FileSystemBytecodeCache(str(d))
 
 
+def _class_caps(name: str) -> dict | None:
+    """The caps of a hardware class as the hosts tables show them (None where its file is gone)."""
+    from harness import hardware
+    try:
+        hc = hardware.get_class(name)
+    except UserError:
+        return None
+    return {"isa_tier": hc.isa_tier, "cores": str(hc.cores), "memory": f"{hc.memory_gib:g} GiB"}
+
+
 def hosts_rows(c: Collected) -> list[dict]:
     """One row per host that measured anything in the stores: key, CPU, ISA tier, cores, memory, artifact
     count by kind, first and last date."""
@@ -524,10 +537,13 @@ def hosts_rows(c: Collected) -> list[dict]:
         kinds = defaultdict(int)
         for a in arts:
             kinds[a.kind] += 1
-        rows.append({"key": key, "cpu": h.cpu.get("model", "unknown"),
-                     "isa_tier": h.cpu.get("isa_tier", "unknown"),
-                     "cores": f"{h.cpu.get('physical_cores')}/{h.cpu.get('logical_cores')}",
-                     "memory": f"{total / 2**30:.1f} GiB" if isinstance(total, int) else "unknown",
+        row = {"isa_tier": h.cpu.get("isa_tier", "unknown"),
+               "cores": f"{h.cpu.get('physical_cores')}/{h.cpu.get('logical_cores')}",
+               "memory": f"{total / 2**30:.1f} GiB" if isinstance(total, int) else "unknown"}
+        if h.emulation:  # an emulated class: its caps, on the machine that emulated it
+            row = _class_caps(h.emulation) or row
+        rows.append({"key": key, "cpu": h.cpu.get("model", "unknown"), **row,
+                     "machine": h.get("machine_key") or key,
                      "identity": h.identity.status, "emulation": h.emulation or "none",
                      "artifacts": len(arts), "kinds": ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
                      "grids": sorted({a.grid.name for a in arts}),
@@ -567,6 +583,8 @@ def format_hosts(rows: list[dict]) -> str:
     lines = [head]
     for r in rows:
         note = "this machine" if r["this_machine"] else ""
+        if r["emulation"] != "none":
+            note = f"class {r['emulation']} emulated on {r['machine']}"
         if r["identity"].startswith("legacy"):
             note = ", ".join(x for x in (note, "legacy record (identity not recorded)") if x)
         lines.append(f"{r['key']:<14} {r['cpu'][:18]:<18} {r['isa_tier']:<12} {r['cores']:<6} {r['memory']:>9} "
@@ -659,9 +677,10 @@ def render_block(name: str, ctx: dict) -> str:
     begin, end = block_markers(name)
     secs = [sec for g in grids for sec in ctx["sections"] if sec["name"] == g]
     class_hosts = {e["host_key"]: e["cls"] for sec in secs for e in sec.get("emulated_arms", [])}
+    class_hosts.update({sec["host_key"]: "native" for sec in secs if sec.get("emulated_arms")})
     return _env().get_template(template).render(
         sections=[{**sec, "pivots": pivot(sec, metrics), "pairs": definition_pairs(sec)} for sec in secs],
-        fidelity=ctx["fidelity"], class_hosts=class_hosts,
+        fidelity=ctx["fidelity"], class_hosts=class_hosts, block_grids=grids,
         ceilings=ctx["ceilings"], hosts=ctx["hosts"], begin=begin, end=end).rstrip("\n")
 
 
