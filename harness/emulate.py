@@ -111,7 +111,26 @@ def deflate(em: Emulation) -> bool:
     alive = all(b.proc.poll() is None for b in em.balloons)
     for b in em.balloons:
         b.close()
+    if em.balloons:
+        settle()
     return alive
+
+
+def settle(quiet_cores: float = 0.05, window_s: float = 0.5, max_s: float = 30.0) -> float:
+    """Wait until the machine is quiet after a balloon is released: returning tens of GiB to the kernel keeps
+    its memory threads busy for seconds, and in hardware-ladder the native run after an emulated one showed
+    0.14-0.27 cores of other load. Returns the seconds waited (at most max_s)."""
+    import time
+
+    from harness.provenance import cpu_accounting
+    t0 = time.time()
+    while time.time() - t0 < max_s:
+        a = cpu_accounting()["machine_busy_s"]
+        time.sleep(window_s)
+        b = cpu_accounting()["machine_busy_s"]
+        if a is None or b is None or (b - a) / window_s < quiet_cores:
+            break
+    return time.time() - t0
 
 
 def _status(ok: bool, why: str) -> str:

@@ -15,7 +15,9 @@ from pathlib import Path
 from harness import __version__
 from harness.paths import PROJECT_ROOT
 
-ENV_PREFIXES = ("OMP_", "VLLM_", "GGML_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", "LD_PRELOAD", "CUDA_VISIBLE")
+# ATEN_/ONEDNN_/DNNL_: torch's ISA switches change every kernel; EDGE_HARNESS_HW_PROFILE changes what `auto` derives
+ENV_PREFIXES = ("OMP_", "VLLM_", "GGML_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", "LD_PRELOAD", "CUDA_VISIBLE", "ATEN_",
+                "ONEDNN_", "DNNL_", "EDGE_HARNESS_HW_PROFILE")
 
 
 NOT_A_CHECKOUT = "unknown (not a git checkout)"
