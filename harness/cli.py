@@ -49,7 +49,7 @@ def cmd_adapt(args: argparse.Namespace) -> int:
 
 def cmd_models_prepare(args: argparse.Namespace) -> int:
     from harness import models
-    names = args.names or sorted(models.MODELS)
+    names = args.names or models.default_models()  # synthetic models only when named: they are large
     for name in names:
         m = models.prepare(name, rebuild=args.rebuild)
         print(f"{name}: {len(m['files'])} files in {models.model_dir(name)}")

@@ -105,6 +105,9 @@ def load_grid(path: str | Path) -> FidelityGrid:
     model = doc.get("model")
     if model not in models.MODELS:
         raise _err(sp, "model", f"unknown model {model!r}", f"known: {', '.join(sorted(models.MODELS))}")
+    if models.is_synthetic(model):
+        raise _err(sp, "model", f"{model}: synthetic weights: speed only (random weights have no outputs to keep)",
+                   f"check fidelity on a real model: {', '.join(m for m in models.default_models() if m != 'tiny-llama')}")
     for req in ("prompts", "gen_len", "threads", "thresholds", "builds"):
         if req not in doc:
             raise _err(sp, req, "is required and has no default", "see grids/fidelity.yaml")

