@@ -18,8 +18,10 @@ from harness.paths import read_utf8
 
 WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
 # replicate: a label only (repeats of one cell, e.g. for A/A calibration); batch: concurrent requests
-AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form", "replicate", "hardware")
-STRING_AXES = ("form", "hardware")  # hardware: a class of grids/hardware/ to emulate, or native
+AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form", "replicate", "hardware", "model")
+# hardware: a class of grids/hardware/ to emulate, or native; model: models of the zoo (the grid's `model` is then
+# the first, and a run's model is its cell's)
+STRING_AXES = ("form", "hardware", "model")
 ORDERS = ("interleaved", "sequential", "random")
 TOP_FIELDS = {"kind", "name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
               "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads", "primary"}
@@ -149,8 +151,18 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
                    else "kind is speed (the default) or fidelity")
     only_fields(path, "", doc, TOP_FIELDS)
     name = grid_name(path, doc.get("name"))
-    model = doc.get("model", "none")
     from harness.models import MODELS
+    axis_models = (doc.get("axes") or {}).get("model") if isinstance(doc.get("axes"), dict) else None
+    if axis_models is not None:
+        if "model" in doc:
+            raise _err(path, "model", "is given both as the grid's model and as an axis", "keep one of them")
+        vals = axis_models if isinstance(axis_models, list) else [axis_models]
+        bad = [m for m in vals if m not in MODELS]
+        if bad or not vals:
+            raise _err(path, "axes.model", f"unknown model {bad[0] if bad else None!r}", f"known: {', '.join(sorted(MODELS))}")
+        model = vals[0]
+    else:
+        model = doc.get("model", "none")
     if model not in MODELS and model != "none":
         raise _err(path, "model", f"unknown model {model!r}", f"known: {', '.join(sorted(MODELS))}")
 
@@ -288,6 +300,11 @@ def _validate_engines(spec: GridSpec) -> None:
             _validate_hardware(spec, a, c)
 
 
+def model_of(spec: GridSpec, params: dict) -> str:
+    """The model a cell runs: its model axis value, else the grid's model."""
+    return params.get("model") or spec.model
+
+
 def hardware_of(arm: Arm, params: dict) -> str | None:
     """The hardware class a run emulates: the cell's hardware axis, else the arm's; native is None."""
     hw = params.get("hardware") or arm.hardware
@@ -307,7 +324,8 @@ def _validate_hardware(spec: GridSpec, arm: Arm, cell: Cell) -> None:
     prof = hardware.current_profile(name) if name else hardware.current_profile()
     if name:
         emulate.plan(name, threads, arm.cpus, where)
-    if arm.engine not in ("vllm", "llama.cpp") or spec.model == "none":
+    model = model_of(spec, cell.params)
+    if arm.engine not in ("vllm", "llama.cpp") or model == "none":
         return
     batch, ctxlen = int(cell.params.get("batch", 1)), int(cell.params["context_len"])
     if arm.engine == "vllm":
@@ -316,12 +334,12 @@ def _validate_hardware(spec: GridSpec, arm: Arm, cell: Cell) -> None:
             dtype = hardware.derive_dtype(prof, "vllm")[0]
         elif dtype is None:
             dtype = "bfloat16" if (cell.params.get("form") or arm.form) == "hf-bf16" else "float32"
-        adm = hardware.vllm_admission(spec.model, prof, dtype, ctxlen)
+        adm = hardware.vllm_admission(model, prof, dtype, ctxlen)
     else:
         form = cell.params.get("form") or arm.form or "gguf-f32"
         if form == "auto":
             form = f"gguf-{hardware.derive_dtype(prof, 'llama.cpp')[0]}"
-        adm = hardware.llamacpp_admission(spec.model, prof, form, ctxlen)
+        adm = hardware.llamacpp_admission(model, prof, form, ctxlen)
     if adm["max_num_seqs"] < batch:
         raise UserError(where, f"does not fit {prof['source']}: {adm['max_num_seqs']} sequence(s) of context "
                                f"{ctxlen} admitted, batch {batch} asked (available {adm['available_bytes']} B - weights "

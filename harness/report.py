@@ -142,7 +142,8 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
                for b in analysis.between_series(all_arts)]
     return {
         "name": name, "grid_path": first.grid.path, "grid_sha": first.grid.sha256[:12], "order": first.grid.order,
-        "passes": len({a.grid.pass_index for a in arts}), "baseline": first.grid.baseline_arm, "model": first.model.name,
+        "passes": len({a.grid.pass_index for a in arts}), "baseline": first.grid.baseline_arm,
+        "model": "`, `".join(sorted({a.model.name for a in arts})),
         "n_artifacts": len(arts), "n_failed": sum(1 for a in arts if a.status != "ok"), "tables": tables,
         "n_all": len(all_arts), "n_older": len(older), "older_series": older_series,
         "older_status": _status_counts(older) if older else "", "fingerprint": fingerprint,

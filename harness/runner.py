@@ -68,12 +68,12 @@ def emulated_classes(spec: grid.GridSpec) -> set[str]:
     return {c for a in spec.arms for c in [a.hardware, *spec.axes.get("hardware", [])] if c and c != "native"}
 
 
-def _model_block(spec: grid.GridSpec, form: str) -> tuple[dict, dict[str, Path]]:
-    if spec.model == NO_MODEL or form == "none":
-        return {"name": spec.model, "form": "none", "source": {"none": "command engine"}, "format": "none",
+def _model_block(model: str, form: str) -> tuple[dict, dict[str, Path]]:
+    if model == NO_MODEL or form == "none":
+        return {"name": model, "form": "none", "source": {"none": "command engine"}, "format": "none",
                 "dtype": "none", "parameters": 1, "files": []}, {}
-    root = models.ensure(spec.model)
-    block = models.model_block(spec.model, form)
+    root = models.ensure(model)
+    block = models.model_block(model, form)
     weights = {f["path"]: root / f["path"] for f in block["files"] if f["path"].endswith((".gguf", ".safetensors"))}
     return block, weights
 
@@ -91,10 +91,11 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
     em = emulate.plan(hw, threads, arm.cpus, f"{spec.path}: arms[{arm.name}]") if hw else None
     profile = hardware.profile_from_class(em.cls, f"class {em.cls.name} (emulated)") if em else None
     asked = run.cell.params.get("form") or arm.form
-    form = engine.check(spec.model, asked, profile or hardware.current_profile())
+    model = grid.model_of(spec, run.cell.params)
+    form = engine.check(model, asked, profile or hardware.current_profile())
     form_override = {"form": {"requested": "auto", "effective": form, "rule": hardware.derive_dtype(
         profile or hardware.current_profile(), engine.name)[1]}} if asked == "auto" else {}
-    model_block, weights = _model_block(spec, form)
+    model_block, weights = _model_block(model, form)
     cpus = em.cpus if em else (arm.cpus or list(range(threads)))
     observe = arm.observe != "bare"
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{run.run_key}-", dir=workroot))

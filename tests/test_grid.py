@@ -199,3 +199,26 @@ def test_every_engine_implements_the_contract():
     from harness.metrics import NAMES
     assert set(NAMES) <= set(get_engine("llama.cpp").metrics) and set(NAMES) <= set(get_engine("vllm").metrics)
     assert not set(NAMES) & set(get_engine("llama-bench").metrics)  # its own figures, its own names
+
+
+def test_model_axis_runs_each_cell_on_its_model(tmp_path):
+    from harness import runner
+    from harness.store import Store
+    spec = _spec(axes={"model": ["tiny-llama", "smollm2-135m"]}, passes=1)
+    assert spec.model == "tiny-llama"
+    cells = grid.expand(spec)
+    assert sorted(grid.model_of(spec, c.params) for c in cells) == ["smollm2-135m", "tiny-llama"]
+    g = tmp_path / "m.yaml"
+    g.write_text("name: m\narms:\n  - {name: a, engine: command, options: {cmd: 'true'}}\n"
+                 "workload: {prompt_len: 1, context_len: 1, gen_len: 1}\nthreads: 1\npasses: 1\nrepetitions: 1\n"
+                 "warmups: 0\naxes: {model: [tiny-llama, smollm2-135m]}\n")
+    runner.run(str(g), store_root=tmp_path / "store")
+    arts = [a for a in Store(tmp_path / "store").load_grid("m")]
+    assert sorted(a.grid.cell_params["model"] for a in arts) == ["smollm2-135m", "tiny-llama"]
+
+
+def test_model_axis_errors():
+    with pytest.raises(UserError, match="axes.model: unknown model 'nope'"):
+        _spec(axes={"model": ["nope"]})
+    with pytest.raises(UserError, match="both as the grid's model and as an axis"):
+        _spec(model="tiny-llama", axes={"model": ["tiny-llama"]})

@@ -58,6 +58,11 @@ class RunContext:
     def params(self) -> dict[str, Any]:
         return self.run.cell.params
 
+    @property
+    def model(self) -> str:
+        """The model this run loads: the cell's model axis value, else the grid's model."""
+        return self.run.cell.params.get("model") or self.spec.model
+
 
 @dataclass
 class EngineResult:

@@ -75,7 +75,7 @@ class LlamaBench(Engine):
                           "binary": "llama-bench", "binary_sha256": m["binaries"]["llama-bench"]["sha256"]}}
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
-        model_path = models.form_path(ctx.spec.model, form)
+        model_path = models.form_path(ctx.model, form)
         bench = str(llamacpp_build.binary("llama-bench"))
         p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])
         reps = ctx.spec.repetitions

@@ -84,7 +84,7 @@ class LlamaCpp(Engine):
         p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])
         c, b = int(ctx.params["context_len"]), int(ctx.params.get("batch", 1))
         w, reps = ctx.spec.warmups, ctx.spec.repetitions
-        prompts = metrics.request_prompts(ctx.spec.model, p, b, w + reps)
+        prompts = metrics.request_prompts(ctx.model, p, b, w + reps)
         request = {"n_ctx_per_seq": c, "batch": b, "gen_len": g,
                    "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)],
                    "options": opts.model_dump(exclude_none=True, exclude={"threads"})}
@@ -92,7 +92,7 @@ class LlamaCpp(Engine):
         req_path.write_text(json.dumps(request))
         info = self._tool_block(TOOL)
         cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [
-            str(llamacpp_build.tool(TOOL)), "-m", str(models.form_path(ctx.spec.model, form)), "-t", str(ctx.threads),
+            str(llamacpp_build.tool(TOOL)), "-m", str(models.form_path(ctx.model, form)), "-t", str(ctx.threads),
             "-i", str(req_path), "-o", str(out_path)]
         env_rec = {**ctx.arm.env, **ctx.env, "OMP_NUM_THREADS": str(ctx.threads)}
         requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,

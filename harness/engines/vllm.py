@@ -167,8 +167,8 @@ class Vllm(Engine):
                 if opts.get(k) == "auto":
                     host_overrides[k] = {"requested": "auto", "effective": v, **why}
             opts["engine_core"], opts["eager"] = core, eg
-        model_dir = models.form_path(ctx.spec.model, form)
-        form_root = models.load_manifest(ctx.spec.model)["forms"][form]["path"]
+        model_dir = models.form_path(ctx.model, form)
+        form_root = models.load_manifest(ctx.model)["forms"][form]["path"]
         if opts.get("dtype") == "auto":
             from harness.probe import cpu_info
             chosen, rule = dtype_for_host(ctx.isa if ctx.isa is not None else cpu_info()["isa"])
@@ -177,17 +177,17 @@ class Vllm(Engine):
             opts["dtype"] = chosen
         if "auto" in (opts.get("max_num_seqs"), opts.get("kv_cache_memory_bytes")):
             from harness import hardware
-            adm = hardware.vllm_admission(ctx.spec.model, ctx.profile or hardware.current_profile(),
+            adm = hardware.vllm_admission(ctx.model, ctx.profile or hardware.current_profile(),
                                           opts.get("dtype") or FORM_DTYPE.get(form, "float32"),
                                           int(ctx.params["context_len"]), ctx.store_root)
             for k in ("max_num_seqs", "kv_cache_memory_bytes"):
                 if opts.get(k) == "auto":
                     host_overrides[k] = {"requested": "auto", "effective": adm[k], **adm}
                     opts[k] = adm[k]
-        weight_files = sorted(str(Path(rel).relative_to(form_root)) for rel in models.form_files(ctx.spec.model, form)
+        weight_files = sorted(str(Path(rel).relative_to(form_root)) for rel in models.form_files(ctx.model, form)
                               if rel.endswith(".safetensors"))
         batch = int(ctx.params.get("batch", 1))
-        prompts = metrics.request_prompts(ctx.spec.model, int(ctx.params["prompt_len"]), batch,
+        prompts = metrics.request_prompts(ctx.model, int(ctx.params["prompt_len"]), batch,
                                           ctx.spec.warmups + ctx.spec.repetitions)
         cfg = {"patches": patches_env(ctx.arm.patches), "model_dir": str(model_dir), "threads": ctx.threads, "cpus": ctx.cpus,
                "prompt_len": ctx.params["prompt_len"], "gen_len": ctx.params["gen_len"], "batch": batch,
