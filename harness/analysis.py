@@ -137,10 +137,13 @@ def fidelity_gates(fidelity_arts: list) -> dict[tuple, Any]:
 
 
 def gate(a: Any, gates: dict[tuple, Any]) -> str:
-    """`pass`, `fail` (failed or errored), `unchecked` (no fidelity artifact for this build on this host), or
-    `n/a` (no model: the command engine)."""
+    """`pass`, `fail` (failed or errored), `unchecked` (no fidelity artifact for this build on this host),
+    `n/a` (no model: the command engine), or `synthetic weights` (outputs mean nothing: speed only; the
+    verdict stands, marked)."""
     if not a.model.files:
         return "n/a"
+    if a.model.source.get("synthetic"):
+        return "synthetic weights"
     f = gates.get(fidelity_key(a))
     if f is None:
         return "unchecked"
@@ -179,6 +182,8 @@ class Row:
         c = self.comparison
         if c is None or self.role != "family":
             return "exploratory: no verdict" if self.role == "exploratory" and c is not None else ""
+        if self.fidelity == "synthetic weights":
+            return f"{stats.verdict(c, self.higher_is_better)} (synthetic weights)"
         if self.fidelity not in ("pass", "n/a"):  # fail or unchecked, the build's or its baseline's
             return f"fidelity {self.fidelity}"
         return stats.verdict(c, self.higher_is_better)

@@ -99,7 +99,8 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         warnings.append(f"{n_min} passes can never give a verdict in a family of {an.family_size} comparisons "
                         f"(each interval at {stats.level_text(1 - stats.ALPHA / an.family_size)}); run at least "
                         f"{stats.passes_needed(an.family_size)} passes, or declare the grid's primary comparisons")
-    gated = sorted({(r.arm, r.fidelity) for r in an.rows if r.role == "family" and r.fidelity not in ("pass", "n/a")})
+    gated = sorted({(r.arm, r.fidelity) for r in an.rows if r.role == "family"
+                    and r.fidelity not in ("pass", "n/a", "synthetic weights")})
     for arm, g in gated:
         warnings.append(f"arm {arm}: fidelity {g} on this host: its speed is shown, its verdicts are withheld "
                         "(docs/methodology.md, fidelity gates speed)")

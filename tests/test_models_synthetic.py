@@ -37,3 +37,19 @@ def test_fidelity_refuses_a_synthetic_model(tmp_path):
                  "threads: 2\nthresholds: {}\nbuilds: []\n")
     with pytest.raises(UserError, match="synthetic weights: speed only"):
         fidelity.load_grid(str(g))
+
+
+def test_synthetic_rows_keep_their_verdict_marked():
+    from types import SimpleNamespace
+
+    from harness import analysis
+    a = SimpleNamespace(model=SimpleNamespace(files=[1], source={"synthetic": True}))
+    assert analysis.gate(a, {}) == "synthetic weights"
+    from harness.stats import Comparison
+    c = Comparison(n_pairs=8, ratio=0.5, ci_low=0.4, ci_high=0.6, level=0.95, achieved=0.96, p_value=0.01,
+                   p_adjusted=0.01, m_family=1, detectable=None, warnings=())
+    row = analysis.Row(cell="c", cell_params={}, cell_short="c", arm="x", metric="decode_tok_s", unit="tok/s",
+                       higher_is_better=True, threads=2, values=[1.0, 2.0], n_samples=2, failed=0, duplicates=0,
+                       comparison=c, role="family",
+                       fidelity="synthetic weights")
+    assert row.verdict == "worse (synthetic weights)"
