@@ -682,9 +682,20 @@ def render_block(name: str, ctx: dict) -> str:
     class_hosts = {e["host_key"]: e["cls"] for sec in secs for e in sec.get("emulated_arms", [])}
     class_hosts.update({sec["host_key"]: "native" for sec in secs if sec.get("emulated_arms")})
     return _env().get_template(template).render(
-        sections=[{**sec, "pivots": pivot(sec, metrics), "pairs": definition_pairs(sec)} for sec in secs],
+        sections=[{**sec, "pivots": pivot(sec, metrics), "pairs": definition_pairs(sec),
+                   "warnings_brief": _brief(sec["warnings"])} for sec in secs],
         fidelity=ctx["fidelity"], class_hosts=class_hosts, block_grids=grids,
         ceilings=ctx["ceilings"], hosts=ctx["hosts"], begin=begin, end=end).rstrip("\n")
+
+
+def _brief(warnings: list[str]) -> list[str]:
+    """A section's warnings for a generated block: the per-comparison spread warnings counted in one line."""
+    spread = [w for w in warnings if w.startswith("per-pass ratios spread widely")]
+    out = [w for w in warnings if w not in spread]
+    if spread:
+        out.append(f"{len(spread)} comparison(s) with per-pass ratios spread widely (IQR above 0.10): see "
+                   "reports/results.md")
+    return out
 
 
 def readme_text(path: str, ctx: dict) -> str:
