@@ -64,7 +64,11 @@ def test_models_list_cli(cli):
     rows = json.loads(out)
     assert rc == 0
     assert {r["form"] for r in rows if r["model"] == "smollm2-135m"} >= {"gguf-q8_0", "hf-bf16"}
-    assert all(len(r["sha256"]) == 64 for r in rows)
+    prepared = [r for r in rows if r["file"] != "(not prepared)"]
+    assert all(len(r["sha256"]) == 64 for r in prepared)
+    # `make` prepares every model but the synthetic ones, which are listed unprepared until named
+    assert all(models.is_synthetic(r["model"]) for r in rows if r["file"] == "(not prepared)")
+    assert {r["model"] for r in rows} >= set(models.MODELS)
 
 
 def test_corrupted_model_reported_not_replaced(monkeypatch, tmp_path, cli):
