@@ -6,6 +6,7 @@ records every file's size and sha256. Corruption is reported, and repaired only 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -208,6 +209,7 @@ SYNTHETIC_SHAPES: dict[str, dict] = {
                                    num_attention_heads=32, num_key_value_heads=32, head_dim=64),
 }
 SYNTHETIC_FORMS = ("hf-fp32", "hf-bf16", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0")
+SYNTHETIC_BUILDER = 2  # bump when build_synthetic's output changes (2: the bf16 check no longer rounds the fp32 weights)
 SYNTHETIC_STD = 0.02  # every weight matrix ~ N(0, 0.02); norms at 1: activations stay finite (checked at build)
 
 
@@ -239,10 +241,9 @@ def build_synthetic(work: Path, name: str, shape: dict, forms: tuple[str, ...] =
     finite = {}
     ids = torch.tensor([[1, 504, 3458, 282, 253, 1345, 30, 216]])
     with torch.no_grad():
-        for dt in (torch.float32, torch.bfloat16):
-            logits = model.to(dt)(ids).logits
-            finite[str(dt).replace("torch.", "")] = bool(torch.isfinite(logits).all())
-    model = model.to(torch.float32)
+        finite["float32"] = bool(torch.isfinite(model(ids).logits).all())
+        bf16 = copy.deepcopy(model).to(torch.bfloat16)  # a copy: the fp32 weights keep their fp32 values
+        finite["bfloat16"] = bool(torch.isfinite(bf16(ids).logits).all())
     if not all(finite.values()):
         raise UserError(name, f"synthetic weights give non-finite logits ({finite})", "lower SYNTHETIC_STD")
     tok = AutoTokenizer.from_pretrained(str(smol / "hf-fp32"))
@@ -253,11 +254,11 @@ def build_synthetic(work: Path, name: str, shape: dict, forms: tuple[str, ...] =
     info_forms["hf-fp32"] = {"path": "hf-fp32", "format": "safetensors", "dtype": "float32",
                              "from": f"random N(0, {SYNTHETIC_STD}), seed {seed}"}
     if "hf-bf16" in forms:
-        model.to(torch.bfloat16).save_pretrained(work / "hf-bf16", safe_serialization=True)
+        bf16.save_pretrained(work / "hf-bf16", safe_serialization=True)
         tok.save_pretrained(work / "hf-bf16")
         info_forms["hf-bf16"] = {"path": "hf-bf16", "format": "safetensors", "dtype": "bfloat16", "from": "hf-fp32"}
     params = sum(p.numel() for p in model.parameters())
-    del model
+    del model, bf16
     (work / "gguf").mkdir()
     for outtype in ("f32", "bf16"):
         if f"gguf-{outtype}" in forms or (outtype == "f32" and any(f.startswith("gguf-q") for f in forms)):
@@ -329,7 +330,7 @@ def model_key(name: str) -> str:
               "llama.cpp": code, "tiny": TINY_CONFIG if name == "tiny-llama" else None}
     if name in SYNTHETIC_SHAPES:  # (only for them: the real models' keys, and caches, stay as they were)
         inputs["synthetic"] = {"shape": SYNTHETIC_SHAPES[name], "std": SYNTHETIC_STD, "forms": list(SYNTHETIC_FORMS),
-                               "seed": synthetic_seed(name)}
+                               "seed": synthetic_seed(name), "builder": SYNTHETIC_BUILDER}
     payload = json.dumps(inputs, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
