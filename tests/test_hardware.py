@@ -102,24 +102,35 @@ def test_probe_profile_tier_matches_the_probe():
     assert ARM_4P4E in d["cannot_emulate"] or p["arch"] == "aarch64"
 
 
+@pytest.fixture
+def big_x86_machine(monkeypatch):
+    """The plan-time refusals are judged against a fixed machine, not this one's CPU or free memory."""
+    prof = {**hardware.profile_from_class(hardware.get_class(AVX2_4G), "test machine"), "cores": 8,
+            "cpus": list(range(8)), "memory_total_bytes": 64 << 30, "memory_available_bytes": 60 << 30}
+    monkeypatch.setattr(hardware, "profile_from_probe", lambda host: dict(prof))
+
+
 def _grid(tmp_path, arm: str, axes: str = "", workload: str = "prompt_len: 16\n  context_len: 256\n  gen_len: 8"):
     g = tmp_path / "hw.yaml"
     g.write_text(f"name: hw\nmodel: smollm2-135m\nthreads: 1\nworkload:\n  {workload}\n{axes}arms:\n{arm}")
     return str(g)
 
 
+@pytest.mark.usefixtures("big_x86_machine")
 def test_class_beyond_this_machine_is_refused_at_plan(tmp_path):
     path = _grid(tmp_path, f"  - {{name: a, engine: llama.cpp, hardware: {ARM_4P4E}}}\n")
     with pytest.raises(UserError, match="cannot emulate it.*arch aarch64"):
         grid.load(path)
 
 
+@pytest.mark.usefixtures("big_x86_machine")
 def test_threads_above_the_class_cores_refused(tmp_path):
     path = _grid(tmp_path, "  - {name: a, engine: llama.cpp, hardware: x86-avx2-1c-4g, threads: 2}\n")
     with pytest.raises(UserError, match="threads 2 exceed hardware x86-avx2-1c-4g's 1 cores"):
         grid.load(path)
 
 
+@pytest.mark.usefixtures("big_x86_machine")
 def test_cell_that_cannot_fit_is_refused_with_the_numbers(tmp_path):
     # 32,768 tokens of fp32 KV are 1.5 GB per sequence: 4 sequences cannot fit in 4 GiB beside the weights
     path = _grid(tmp_path, "  - {name: a, engine: vllm, hardware: x86-avx2-1c-4g, options: {max_num_seqs: auto}}\n",
@@ -130,6 +141,7 @@ def test_cell_that_cannot_fit_is_refused_with_the_numbers(tmp_path):
     assert "sequence(s) of context 32768 admitted, batch 4 asked" in msg and "weights 538060032 B" in msg
 
 
+@pytest.mark.usefixtures("big_x86_machine")
 def test_hardware_axis_and_native(tmp_path):
     path = _grid(tmp_path, "  - {name: a, engine: command, options: {cmd: 'true'}}\n",
                  axes="axes:\n  hardware: [native, x86-avx2-1c-4g]\n")
