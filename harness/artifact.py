@@ -97,6 +97,8 @@ class Execution(Frozen):
     emulation: dict[str, Any] | None = Field(None, description="the hardware class the run emulated: each cap (cores, "
                                              "memory, isa) as requested, applied and read back, with its status "
                                              "(emulated, or not emulated: why); null when native")
+    executor: dict[str, Any] | None = Field(None, description="where a fleet ran it (`harness run --executor ray`): "
+                                            "{name: ray, node_id, node_ip, ray_version}; absent for a local run")
 
 
 class Workload(Frozen):

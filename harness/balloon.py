@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from harness.lifecycle import die_with_parent
+
 PAGE = mmap.PAGESIZE
 
 
@@ -49,7 +51,8 @@ class Balloon:
     def __init__(self, nbytes: int, timeout_s: float = 120.0) -> None:
         self.requested = int(nbytes)
         self.proc = subprocess.Popen([sys.executable, "-m", "harness.balloon", str(self.requested)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=die_with_parent)
         t0 = time.time()
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         self.inflate_s = round(time.time() - t0, 3)

@@ -100,9 +100,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.executor == "ray":
+        from harness import fleet
+        s = fleet.run(args.grid, store_root=args.store, address=args.address, insecure=args.insecure,
+                      new_series=args.new_series)
+        return 0 if s.failed == 0 else 1
+    if args.address or args.insecure:
+        raise UserError("--address/--insecure", "only apply to --executor ray", "add --executor ray, or drop them")
     from harness import runner
     s = runner.run(args.grid, store_root=args.store, new_series=args.new_series)
     return 0 if s.failed == 0 else 1
+
+
+def cmd_fleet_start(args: argparse.Namespace) -> int:
+    from harness import fleet
+    if bool(args.head) == bool(args.join):
+        raise UserError("harness fleet start", "give exactly one of --head and --join HEAD:PORT",
+                        "--head on the first machine, --join HEAD_IP:PORT on the others")
+    return fleet.start_node(args.bind, bool(args.head), args.join, args.port, args.object_store_mb)
+
+
+def cmd_fleet_status(args: argparse.Namespace) -> int:
+    from harness import fleet
+    for line in fleet.status(args.address, args.insecure):
+        print(line)
+    return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -240,7 +262,26 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("grid")
     srun.add_argument("--store", default="artifacts")
     srun.add_argument("--new-series", action="store_true", help="start a new series when the grid file changed")
+    srun.add_argument("--executor", choices=("local", "ray"), default="local",
+                      help="local: this machine; ray: the machines of a Ray cluster (docs/fleet.md)")
+    srun.add_argument("--address", help="the Ray cluster's head, HOST:PORT (default: RAY_ADDRESS, else the local one)")
+    srun.add_argument("--insecure", action="store_true", help="send runs to a cluster without token authentication")
     srun.set_defaults(func=cmd_run)
+
+    sfl = sub.add_parser("fleet", help="start a fleet node; show the fleet's machines (docs/fleet.md)")
+    flsub = sfl.add_subparsers(dest="fleet_cmd", required=True)
+    fst = flsub.add_parser("start", help="ray start with token authentication, bound to the address named")
+    fst.add_argument("--bind", required=True, help="this machine's address on the fleet's network (never all interfaces)")
+    fst.add_argument("--head", action="store_true", help="start the head node (generates the token if there is none)")
+    fst.add_argument("--join", metavar="HEAD:PORT", help="join the cluster whose head is at HEAD:PORT")
+    fst.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
+    fst.add_argument("--object-store-mb", type=int, default=256,
+                     help="Ray's shared-memory object store, kept small: only artifacts travel (default 256)")
+    fst.set_defaults(func=cmd_fleet_start)
+    fss = flsub.add_parser("status", help="the cluster's machines: nodes grouped by host key, with their class")
+    fss.add_argument("--address", help="the head, HOST:PORT (default: RAY_ADDRESS, else the local one)")
+    fss.add_argument("--insecure", action="store_true")
+    fss.set_defaults(func=cmd_fleet_status)
 
     sf = sub.add_parser("fidelity", help="greedy fidelity of each build against its bf16 reference; exit 1 below threshold")
     sf.add_argument("grid")

@@ -41,7 +41,6 @@ class Emulation:
     cpus: list[int]
     env: dict[str, str] = field(default_factory=dict)
     llamacpp_variant: str | None = None
-    balloon: Any = None
     balloons: list = field(default_factory=list)
     balloon_bytes: int = 0
     available_at_start: int | None = None
@@ -78,8 +77,8 @@ def plan(name: str, threads: int, arm_cpus: list[int] | None, where: str) -> Emu
 
 
 def _probe() -> dict:
-    from harness.provenance import _host_static
-    return _host_static()
+    from harness.provenance import host_static
+    return host_static()
 
 
 def inflate(em: Emulation) -> None:
@@ -101,7 +100,6 @@ def inflate(em: Emulation) -> None:
             raise UserError(f"hardware {em.cls.name}", f"memory cap: {e}", "free memory on this machine, or use a "
                             "class with more memory") from e
     em.balloon_bytes = sum(b.requested for b in em.balloons)
-    em.balloon = em.balloons[0] if em.balloons else None
     after = meminfo().get("available_bytes")
     em.available_at_start = after if isinstance(after, int) else None
 

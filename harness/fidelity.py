@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import artifact, models, provenance
+from harness import artifact, lifecycle, models, provenance
 from harness.engines import ENGINES as ALL_ENGINES, get_engine
 from harness.errors import UserError
 from harness.paths import read_utf8, sha256_file
@@ -419,7 +419,7 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
     g = load_grid(grid_path)
     prompts = load_prompts(g)
     store, refs = Store(Path(store_root)), Store(Path(references_root))
-    workroot = Path(tempfile.mkdtemp(prefix="edge-fidelity-"))
+    workroot = lifecycle.new_root("fidelity")
     n_ctx = max(len(p["ids"]) for p in prompts.prompts) + g.gen_len + 8
     harness = provenance.harness_info()
     print(f"[fidelity] {g.name}: {len(g.builds)} builds x {len(prompts.prompts)} prompts x {g.gen_len} tokens, "

@@ -23,8 +23,11 @@ AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form"
 # the first, and a run's model is its cell's)
 STRING_AXES = ("form", "hardware", "model")
 ORDERS = ("interleaved", "sequential", "random")
+# how `harness run --executor ray` places passes on a fleet (docs/fleet.md): spread divides the passes among the
+# machines of each host class; all runs every pass on every machine (a hardware comparison). One machine: the same.
+HOSTS = ("spread", "all")
 TOP_FIELDS = {"kind", "name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
-              "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads", "primary"}
+              "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads", "primary", "hosts"}
 PRIMARY_FIELDS = {"metrics", "arms", "cells"}
 ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa", "observe", "observe_only",
               "hardware"}
@@ -77,6 +80,7 @@ class GridSpec:
     baseline: str
     timeout_s: float
     primary: dict[str, Any] | None = None  # the declared primary comparisons: the family given verdicts
+    hosts: str = "spread"  # fleet placement of passes (HOSTS)
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -276,7 +280,10 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
     if not isinstance(seed, int):
         raise _err(path, "seed", f"must be an integer, got {seed!r}")
     primary = _primary(path, doc.get("primary"), arms, baseline)
-    spec = GridSpec(path=path, sha256=sha256, name=name, description=str(doc.get("description", "")), model=model,
+    hosts = doc.get("hosts", "spread")
+    if hosts not in HOSTS:
+        raise _err(path, "hosts", f"unknown value {hosts!r}", f"allowed: {', '.join(HOSTS)} (docs/fleet.md)")
+    spec = GridSpec(hosts=hosts, path=path, sha256=sha256, name=name, description=str(doc.get("description", "")), model=model,
                     arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc), primary=primary,
                     passes=_int(path, "passes", doc.get("passes", 1)),
                     repetitions=_int(path, "repetitions", doc.get("repetitions", 3)),

@@ -50,7 +50,8 @@ def harness_info(root: Path = PROJECT_ROOT) -> dict:
 
 
 @lru_cache(maxsize=1)
-def _host_static() -> dict:
+def host_static() -> dict:
+    """The probe's profile of this machine, probed once per process."""
     from harness.probe import probe
     return probe()
 
@@ -58,7 +59,7 @@ def _host_static() -> dict:
 def host_info() -> dict:
     """The probe's host profile with its key; memory availability and load are read fresh each call."""
     from harness.probe import loadavg, meminfo
-    host = dict(_host_static())
+    host = dict(host_static())
     host["memory"] = meminfo()
     host["loadavg"] = loadavg()
     return host
@@ -82,13 +83,13 @@ def numa_policy() -> str:
 
 def current_host_key() -> str:
     """The key of the machine this process runs on (probe.host_key)."""
-    return _host_static()["key"]
+    return host_static()["key"]
 
 
 def host_key_as(emulation: str | None) -> str:
     """This machine's key when it emulates a hardware class (None: native)."""
     from harness.probe import host_key
-    return host_key({**_host_static(), "emulation": emulation})
+    return host_key({**host_static(), "emulation": emulation})
 
 
 def loadavg_now() -> list[float] | str:
@@ -100,17 +101,19 @@ def cpu_accounting() -> dict:
     """Busy CPU seconds of the whole machine (/proc/stat) and of this process and its waited-for children."""
     import resource
     hz = os.sysconf("SC_CLK_TCK")
-    busy = None
+    busy = steal = None
     try:
         with open("/proc/stat") as f:
             parts = f.readline().split()[1:]
         vals = [int(x) for x in parts]
         idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
         busy = (sum(vals[:8]) - idle) / hz  # user..steal; guest time is already inside user
+        steal = vals[7] / hz if len(vals) > 7 else 0.0
     except (OSError, ValueError, IndexError):
         pass
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"machine_busy_s": busy, "own_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}
+    return {"machine_busy_s": busy, "steal_s": steal,
+            "own_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}
 
 
 def other_load(before: dict, after: dict, duration_s: float) -> dict:
@@ -122,9 +125,14 @@ def other_load(before: dict, after: dict, duration_s: float) -> dict:
         return {"status": "unknown", "reason": "/proc/stat unreadable"}
     machine = after["machine_busy_s"] - before["machine_busy_s"]
     own = after["own_s"] - before["own_s"]
-    return {"status": "ok", "other_cores": round(max(0.0, machine - own) / duration_s, 3),
-            "machine_busy_s": round(machine, 3), "harness_and_engine_s": round(own, 3),
-            "definition": "(machine busy CPU seconds - CPU seconds of the harness and its finished children) / run wall time"}
+    out = {"status": "ok", "other_cores": round(max(0.0, machine - own) / duration_s, 3),
+           "machine_busy_s": round(machine, 3), "harness_and_engine_s": round(own, 3),
+           "definition": "(machine busy CPU seconds - CPU seconds of the harness and its finished children) / run wall time"}
+    if before.get("steal_s") is not None and after.get("steal_s") is not None:
+        # On a virtual machine the hypervisor gives this guest's CPUs to other guests ("steal"): part of
+        # other_cores, and no process here; it appears when every vCPU is busy (docs/methodology.md)
+        out["steal_cores"] = round((after["steal_s"] - before["steal_s"]) / duration_s, 3)
+    return out
 
 
 def now_utc() -> str:

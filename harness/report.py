@@ -119,8 +119,14 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
               and a.host["other_load_during_run"].get("other_cores", 0) > LOADED_CORES]
     if loaded:
         worst = max(a.host["other_load_during_run"]["other_cores"] for a in loaded)
+        steal = [a.host["other_load_during_run"].get("steal_cores") for a in loaded]
+        why = ""
+        if all(isinstance(x, (int, float)) for x in steal):
+            why = (f"; of it, hypervisor steal (this virtual machine's CPUs given to other guests) up to "
+                   f"{max(steal):.2f} cores")
         warnings.append(f"{len(loaded)} run(s) shared the host with other work (up to {worst:.2f} cores used by other "
-                        f"processes during a run, threshold {LOADED_CORES}): not publishable as is; rerun on an idle host")
+                        f"processes during a run, threshold {LOADED_CORES}{why}): not publishable as is; rerun on an "
+                        "idle host")
     if len([x for x in an.arms if x != an.baseline]) > 1:
         warnings.append("several arms are compared with one baseline: their separately measured effects overlap and "
                         "must not be added")
@@ -412,6 +418,8 @@ def plot_names(section: dict) -> list[str]:
         names.append(f"{section['slug']}-ratios.png")
     if any(t["unit"] == "tok/s" and len({r["threads"] for r in t["rows"]}) > 1 for t in section["tables"]):
         names.append(f"{section['slug']}-threads.png")
+    if section.get("scale") and any(r["bw_share_value"] is not None for r in section["scale"]["rows"]):
+        names.append(f"{section['slug']}-scale.png")
     return names
 
 
@@ -425,6 +433,8 @@ def _plot_data_hash(sec: dict, name: str) -> str:
              r.get("ratio_value"), list(r.get("ci", ())), r["verdict"]) for t in sec["tables"] for r in t["rows"]]
     blob = json.dumps({"name": name, "title": [sec["name"], sec["host_key"], sec["baseline"]],
                        "tables": [[t[k] for k in keys] for t in sec["tables"]], "rows": rows,
+                       "scale": [(r["arm"], r["parameters"], r["bw_share_value"]) for r in (sec.get("scale") or {}).get(
+                           "rows", [])],
                        "plots_code": _plots_code_hash()}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -452,7 +462,8 @@ def write_plots(sections: list[dict], out_dir: Path) -> tuple[list[Path], list[P
                 kept.append(out_dir / name)
                 continue
             from harness import plots
-            draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep}
+            from harness import scale
+            draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep, "-scale.png": scale.plot}
             fn = next(f for suffix, f in draw.items() if name.endswith(suffix))
             fn(sec, out_dir)
             drawn.append(out_dir / name)
@@ -487,16 +498,65 @@ def _build_all(store_dirs: list[str], template: str) -> tuple[str, list[dict], d
                  for name, arts in c.fidelity.items() for host_arts in by_host(arts).values()]
     ceiling = ceiling_section(c.calibrations, newest)
     sections = []
+    cal_by_host = {key: max(cals, key=lambda c: c.timing.end) for key, cals in by_key(c.calibrations).items()}
     for name, arts in c.runs.items():
         groups = by_host(arts)
         for key, host_arts in groups.items():
             sec = grid_section(name, host_arts, c.where, gates)
             sec["n_hosts"] = len(groups)
+            sec["scale"] = _scale(sec, host_arts, cal_by_host)
             sec["plots"] = plot_names(sec)
             sections.append(sec)
     ctx = {"sections": sections, "fidelity": fsections, "ceilings": ceiling, "stores": store_dirs,
-           "hosts": hosts_rows(c)}
+           "hosts": hosts_rows(c), "across_hosts": across_hosts(sections)}
     return _env().get_template(template).render(**ctx), sections, ctx
+
+
+def _scale(sec: dict, host_arts: list[RunArtifact], cal_by_host: dict) -> dict | None:
+    """The model-scale view of a series whose cells differ by model (harness/scale.py), native runs only."""
+    from harness import scale
+    from harness.ceiling import best_by_threads
+    arts = [a for a in analysis.newest_series(host_arts) if not a.host.emulation]
+    if len({a.model.name for a in arts}) < 2:
+        return None
+    cal = cal_by_host.get(sec["host_key"])
+    total = arts[0].host.memory.get("total_bytes")
+    return scale.scale_block(arts, sec, best_by_threads(cal) if cal else None, total if isinstance(total, int) else None)
+
+
+def across_hosts(sections: list[dict]) -> list[dict]:
+    """Comparisons that several machines measured with the same grid file (each machine's newest series, as
+    in its own section): the per-host ratios side by side, their median, an exact sign test across hosts
+    (is the direction consistent from machine to machine?) and the between-host spread (max / min ratio).
+    Hosts are blocks here: no runs are pooled across machines."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for s in sections:
+        groups[(s["name"], s["grid_sha"])].append(s)
+    out = []
+    for (name, sha), secs in sorted(groups.items()):
+        if len({s["host_key"] for s in secs}) < 2:
+            continue
+        per: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+        for s in secs:
+            for t in s["tables"]:
+                for r in t["rows"]:
+                    if r.get("ratio_value") is not None:
+                        per[(r["cell"], r["arm"], t["metric"])][s["host_key"]] = r["ratio_value"]
+        hosts = sorted({s["host_key"] for s in secs})
+        rows = []
+        for (cell, arm, metric), ratios in sorted(per.items()):
+            if len(ratios) < 2:
+                continue
+            vals = list(ratios.values())
+            above, below = sum(v > 1 for v in vals), sum(v < 1 for v in vals)
+            rows.append({"cell": cell.replace("batch=1,", ""), "arm": arm, "metric": metric,
+                         "ratios": [f"{ratios[h]:.3f}" if h in ratios else "" for h in hosts],
+                         "median": f"{stats.quantile(sorted(vals), 0.5):.3f}",
+                         "sign": f"{above} above 1, {below} below; p = {stats.sign_test_p(above, below):.3g}",
+                         "spread": f"{max(vals) / min(vals):.3f}"})
+        if rows:
+            out.append({"grid": name, "sha": sha, "hosts": hosts, "rows": rows})
+    return out
 
 
 def _env() -> jinja2.Environment:

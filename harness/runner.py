@@ -6,6 +6,7 @@ with their error, and a grid whose file changed since its runs began is not mixe
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 import tempfile
@@ -13,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import artifact, emulate, grid, hardware, llamacpp_build, models, provenance
+from harness import artifact, emulate, grid, hardware, lifecycle, llamacpp_build, models, provenance
 from harness.check import read_back_problems
 from harness.engines import get_engine
 from harness.engines.base import EngineResult, RunContext
@@ -36,14 +37,15 @@ class RunSummary:
 
 
 def existing(store: Store, spec: grid.GridSpec, new_series: bool = False,
-             host_key: str | None = None) -> tuple[dict[str, list], int]:
+             host_key: str | None = None, keys: set[str] | None = None) -> tuple[dict[str, list], int]:
     """Artifacts this host already stored for this grid file (same sha256), by run key, and how many
     other hosts stored. A series is (grid sha256, host key): another machine's runs never count as done
     here. This host's artifacts of another version of the grid file, and none of this one, mean the file
     changed: refused unless new_series."""
-    keys = {host_key or provenance.current_host_key()}
-    # this machine emulating a class is a host of its own: its runs resume under that key
-    keys |= {provenance.host_key_as(c) for c in emulated_classes(spec)}
+    if keys is None:  # this machine (a fleet driver passes each machine's keys)
+        keys = {host_key or provenance.current_host_key()}
+        # this machine emulating a class is a host of its own: its runs resume under that key
+        keys |= {provenance.host_key_as(c) for c in emulated_classes(spec)}
     by_key: dict[str, list] = {}
     other_sha = set()
     other_hosts = 0
@@ -134,12 +136,26 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
     page_cache = "not observed (arm observe: bare)" if not observe else "none" if not before else (
         "warm" if all(v["resident_bytes"] >= 0.99 * v["total_bytes"] for v in before.values()) else
         "cold" if all(v["resident_bytes"] == 0 for v in before.values()) else "partial")
+    residency = {"before": before, "after_load": res.after_load, "after_run": after,
+                 "peak_memory": res.peak_memory, "page_cache": page_cache}
+    doc = document(spec, run, res, host, timing, model_block=model_block, threads=threads, cpus=cpus,
+                   form_override=form_override, emulation=emulation, residency=residency)
+    shutil.rmtree(workdir, ignore_errors=True)  # everything the artifact needs is in doc
+    return doc
+
+
+def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, timing: dict, *, model_block: dict,
+             threads: int, cpus: list[int], form_override: dict | None = None, emulation: dict | None = None,
+             residency: dict | None = None, executor: dict | None = None, env: dict | None = None) -> dict:
+    """A run's artifact document (not yet finalized) from what the engine returned and the host it ran on."""
+    arm = spec.arm(run.arm)
+    engine = get_engine(arm.engine)
     p = run.cell.params
     engine_block = {"name": res.engine.get("name", arm.engine), "version": res.engine.get("version", "unknown"),
                     "build_commit": res.engine.get("build_commit", "unknown"), "build": res.engine.get("build", {}),
                     "patches": res.engine.get("patches", []),
-                    "overrides": {**res.engine.get("overrides", {}), **form_override}}
-    doc = {
+                    "overrides": {**res.engine.get("overrides", {}), **(form_override or {})}}
+    return {
         "schema_version": artifact.SCHEMA_VERSION, "kind": "run", "status": res.status, "error": res.error,
         "stderr_tail": res.stderr_tail,
         "grid": {"path": spec.path, "sha256": spec.sha256, "name": spec.name, "cell": run.cell.id,
@@ -152,19 +168,20 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
         "host": host,
         "execution": {"threads": threads, "cpu_affinity": cpus, "numa_policy": provenance.numa_policy()
                       if arm.numa is not None else "default (no numa option)",
-                      "env": {**provenance.relevant_env(), **res.env}, "requested": res.requested,
+                      "env": {**provenance.relevant_env(), **res.env} if env is None else env,
+                      "requested": res.requested,
                       "effective": res.effective, "compile_cache": res.compile_cache, "eager": res.eager,
                       "command": _command(res.command), "observe": arm.observe,
-                      "settings": settings_block(res.settings, engine, arm), "emulation": emulation},
+                      "settings": settings_block(res.settings, engine, arm), "emulation": emulation,
+                      **({"executor": executor} if executor else {})},
         "workload": {"prompt_len": p["prompt_len"], "context_len": p["context_len"], "gen_len": p["gen_len"],
                      "batch": p.get("batch", 1), "warmups": spec.warmups, "repetitions": spec.repetitions,
                      "prompt_token_hash": res.prompt_token_hash},
-        "residency": {"before": before, "after_load": res.after_load, "after_run": after,
-                      "peak_memory": res.peak_memory, "page_cache": page_cache},
+        "residency": residency or {"before": {}, "after_load": res.after_load, "after_run": {},
+                                   "peak_memory": res.peak_memory, "page_cache": "not observed (the run did not complete)"},
         "metrics": res.metrics,
         "timing": timing,
     }
-    return doc
 
 
 def _command(cmd: list) -> list:
@@ -212,7 +229,7 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
     ok = bad = 0
     paths = []
     durations: list[float] = []
-    workroot = Path(tempfile.mkdtemp(prefix="edge-harness-"))
+    workroot = lifecycle.new_root("run")
     for i, r in enumerate(todo):
         eta = ""
         if durations:
@@ -220,8 +237,9 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
             eta = f" ETA {int(rem // 60)}m{int(rem % 60):02d}s"
         print(f"[{i + 1}/{len(todo)}] pass {r.pass_index} pos {r.position} arm {r.arm:<12} cell {r.cell.id}{eta}",
               file=out, flush=True)
-        t0 = time.time()
-        doc = run_one(spec, r, workroot, store.root)
+        with lifecycle.measuring(out):
+            t0 = time.time()
+            doc = run_one(spec, r, workroot, store.root)
         a = artifact.finalize(doc)
         path = store.write(a)
         paths.append(path)

@@ -11,6 +11,7 @@ printed. Everything is exact or seeded: the same store always gives the same num
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -284,3 +285,14 @@ def median_ci(values: np.ndarray) -> tuple[float, float]:
     small for one (drawn, never printed as an interval)."""
     ci = order_statistic_ci(values)
     return ci if ci is not None else (float(np.min(values)), float(np.max(values)))
+
+
+def sign_test_p(above: int, below: int) -> float:
+    """Two-sided exact sign test: how often `above` and `below` would split at least this unevenly if each
+    were equally likely (ties dropped before). 1.0 with no observations."""
+    n = above + below
+    if n == 0:
+        return 1.0
+    k = min(above, below)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
+    return min(1.0, 2.0 * tail)

@@ -39,7 +39,7 @@ def other_machine() -> dict:
 def on_other_machine(monkeypatch):
     """While active, the harness measures as the other machine."""
     other = other_machine()
-    monkeypatch.setattr(provenance, "_host_static", lambda: other)
+    monkeypatch.setattr(provenance, "host_static", lambda: other)
     return other["key"]
 
 
@@ -65,7 +65,7 @@ def test_resume_never_counts_another_hosts_runs(write_grid, tmp_path, monkeypatc
     g = write_grid(COMMAND_GRID)
     with monkeypatch.context() as m:
         other = other_machine()
-        m.setattr(provenance, "_host_static", lambda: other)
+        m.setattr(provenance, "host_static", lambda: other)
         s0 = runner.run(str(g), store_root=tmp_path / "st")
     s1 = runner.run(str(g), store_root=tmp_path / "st")  # this machine: nothing of it is stored yet
     s2 = runner.run(str(g), store_root=tmp_path / "st")
@@ -80,7 +80,7 @@ def test_report_renders_one_series_per_host_and_never_pairs_across(write_grid, t
     g = write_grid(COMMAND_GRID.replace("passes: 4", "passes: 6"))  # 6 passes: one comparison gets an interval
     with monkeypatch.context() as m:
         other = other_machine()
-        m.setattr(provenance, "_host_static", lambda: other)
+        m.setattr(provenance, "host_static", lambda: other)
         runner.run(str(g), store_root=tmp_path / "st")
     runner.run(str(g), store_root=tmp_path / "st")
     me = provenance.current_host_key()

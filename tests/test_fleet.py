@@ -1,0 +1,343 @@
+"""Fleet mode on a local Ray cluster (three nodes of this one machine), and the runner's process hygiene.
+
+What docs/fleet.md promises, each tested here: one measurement per physical machine at a time (the three
+nodes share a host key, so their runs never overlap), every pass on one machine in its planned order, a
+node lost mid-grid stored as a failed run and filled by a rerun, a store that passes `harness check`, a
+client without the cluster's token refused, the quickstart grid through Ray giving the artifacts a local
+run gives; and for local runs, no engine process and no run folder outliving a `kill -9` of the runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import fleet, grid, lifecycle, provenance
+from harness.check import check
+from harness.errors import UserError
+from harness.schedule import schedule
+from harness.store import Store
+
+# Ray reads its authentication mode once, when it is first imported: the token is set before that, for the
+# clusters of this module and the drivers of its tests (nothing else in the suite imports ray)
+TOKEN = secrets.token_hex(16)
+os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN)
+ray = pytest.importorskip("ray", reason="make installs ray (the fleet extra)")
+ROOT = Path(__file__).resolve().parent.parent
+
+SLEEP_GRID = """
+name: fleet-{name}
+arms:
+  - {{name: a, engine: command, options: {{cmd: "sleep {s}"}}}}
+  - {{name: b, engine: command, options: {{cmd: "sleep {s}"}}}}
+workload: {{prompt_len: 1, context_len: 1, gen_len: 1}}
+threads: 1
+passes: {passes}
+repetitions: 1
+warmups: 0
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head and two worker nodes on this machine, token authentication on (the token in this process's env)."""
+    from ray.cluster_utils import Cluster
+    small = {"num_cpus": 1, "object_store_memory": 80 * 1024 * 1024}
+    c = Cluster(initialize_head=True, head_node_args={**small, "include_dashboard": False})
+    for _ in range(2):
+        c.add_node(**small)
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+def _problems(store: Path, **kw) -> tuple[int, list[str]]:
+    """harness check's findings, a dirty development tree aside (CI's clean clone has none)."""
+    n, problems = check([store], **kw)
+    return n, [p for p in problems if ": harness.dirty:" not in p]
+
+
+def _docs(store: Path, name: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in Store(store).iter_paths(name)]
+
+
+def _grid(tmp_path: Path, name: str, s: float, passes: int) -> Path:
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(textwrap.dedent(SLEEP_GRID.format(name=name, s=s, passes=passes)))
+    return p
+
+
+def test_each_pass_on_one_machine_one_run_at_a_time(cluster, tmp_path):
+    g = _grid(tmp_path, "serial", 0.3, 3)
+    s = fleet.run(str(g), store_root=tmp_path / "store", address=cluster.address)
+    assert (s.done, s.failed) == (6, 0)
+    docs = _docs(tmp_path / "store", "fleet-serial")
+    spec = grid.load(g)
+    assert sorted(d["grid"]["run_key"] for d in docs) == sorted(r.run_key for r in schedule(spec))
+    assert {d["host"]["key"] for d in docs} == {provenance.current_host_key()}  # three nodes, one machine
+    assert {d["execution"]["executor"]["name"] for d in docs} == {"ray"}
+    for p in range(3):  # a pass on one node, in its planned order
+        mine = sorted((d for d in docs if d["grid"]["pass_index"] == p), key=lambda d: d["timing"]["start"])
+        assert len({d["execution"]["executor"]["node_id"] for d in mine}) == 1
+        assert [d["grid"]["position"] for d in mine] == sorted(d["grid"]["position"] for d in mine)
+    spans = sorted((d["timing"]["start"], d["timing"]["end"]) for d in docs)
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert end <= start, "two runs of one machine overlapped"
+    n, problems = _problems(tmp_path / "store", verify_models=False)
+    assert n == 6 and problems == []
+    # a second run finds everything stored by this machine: nothing to do
+    again = fleet.run(str(g), store_root=tmp_path / "store", address=cluster.address)
+    assert (again.done, again.failed) == (0, 0)
+
+
+def test_node_lost_mid_run_is_stored_failed_and_a_rerun_fills_only_it(cluster, tmp_path):
+    g = _grid(tmp_path, "lost", 2.5, 2)
+    store = tmp_path / "store"
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("s", fleet.run(str(g), store_root=store,
+                                                                          address=cluster.address)))
+    t.start()
+    deadline = time.time() + 120
+    while not _docs(store, "fleet-lost") and time.time() < deadline:
+        time.sleep(0.2)
+    first = _docs(store, "fleet-lost")[0]
+    node_id = first["execution"]["executor"]["node_id"]
+    victim = next(n for n in cluster.worker_nodes if n.node_id == node_id)  # agents prefer non-head nodes
+    time.sleep(0.5)  # the second run is in flight
+    cluster.remove_node(victim, allow_graceful=False)
+    t.join(180)
+    assert not t.is_alive()
+    docs = _docs(store, "fleet-lost")
+    assert len(docs) == 4
+    lost = [d for d in docs if d["status"] != "ok"]
+    assert len(lost) == 1 and lost[0]["error"].startswith("node lost")
+    assert lost[0]["host"]["key"] == provenance.current_host_key()
+    # the machine went on from its other node
+    assert len({d["execution"]["executor"]["node_id"] for d in docs if d["status"] == "ok"}) == 2
+    out = subprocess.run(["pgrep", "-f", "sleep 2.5"], capture_output=True, text=True).stdout.split()
+    assert out == [], "an engine process outlived its node"
+    n, problems = _problems(store, verify_models=False)
+    assert n == 4 and problems == []
+    again = fleet.run(str(g), store_root=store, address=cluster.address)
+    assert (again.done, again.failed) == (1, 0)
+    new = [d for d in _docs(store, "fleet-lost") if d["id"] not in {x["id"] for x in docs}]
+    assert [d["grid"]["run_key"] for d in new] == [lost[0]["grid"]["run_key"]]
+
+
+def test_a_client_without_the_token_is_refused(cluster):
+    assert fleet.accepts_without_token(cluster.address) is False
+
+
+OPEN_CLUSTER = """
+import os, sys
+from ray.cluster_utils import Cluster
+from harness import fleet
+from harness.errors import UserError
+c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20,
+                                                  "include_dashboard": False})
+try:
+    print("accepts", fleet.accepts_without_token(c.address))
+    try:
+        fleet.run(sys.argv[1], store_root=sys.argv[2], address=c.address)
+    except UserError as e:
+        print("refused", e)
+finally:
+    c.shutdown()
+"""
+
+
+def test_the_driver_refuses_a_cluster_without_authentication(tmp_path):
+    """A cluster started without token authentication (in a process of its own: Ray's mode is per process)."""
+    g = _grid(tmp_path, "open", 0.1, 1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {"RAY_AUTH_MODE": "disabled"}
+    r = subprocess.run([sys.executable, "-c", OPEN_CLUSTER, str(g), str(tmp_path / "store")], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert "accepts True" in r.stdout, r.stderr[-2000:]
+    assert "refused --address" in r.stdout and "accepts clients without a token" in r.stdout
+    assert not list(tmp_path.rglob("store/**/*.json"))  # nothing ran, nothing stored
+
+
+def _machine(key: str, cls: str, done: set[str] = frozenset()) -> fleet.Machine:
+    from types import SimpleNamespace
+    m = fleet.Machine(key=key, cls=cls, info={"hostname": key}, nodes=["n"])
+    m.done = {k: [SimpleNamespace(status="ok")] for k in done}
+    return m
+
+
+def test_dispatch_spread_and_all(tmp_path):
+    g = _grid(tmp_path, "plan", 0.1, 4)
+    spec = grid.load(g)
+    by_pass: dict = {}
+    for r in schedule(spec):
+        by_pass.setdefault(r.pass_index, []).append(r)
+    started = {by_pass[2][0].run_key}  # machine a1 holds the first run of pass 2
+    ms = {"a1": _machine("a1", "A", started), "a2": _machine("a2", "A"), "b1": _machine("b1", "B")}
+    d = fleet.Dispatch(spec, by_pass, ms)
+    assert d.next_pass(ms["a1"]) == 2  # its own started pass first
+    assert d.next_pass(ms["a2"]) == 0 and d.next_pass(ms["a1"]) == 1  # then the class's queue, shared
+    assert d.give_back(ms["a2"]) == []
+    assert d.next_pass(ms["a1"]) == 3 and d.next_pass(ms["a1"]) is None
+    assert [d.next_pass(ms["b1"]) for _ in range(5)] == [0, 1, 2, 3, None]  # each class runs every pass
+    everywhere = fleet.Dispatch(grid.from_dict({**_yaml(g), "hosts": "all"}, str(g), "x"), by_pass, ms)
+    assert [everywhere.next_pass(ms["a2"]) for _ in range(5)] == [0, 1, 2, 3, None]
+    assert everywhere.give_back(ms["a1"]) == [0, 1, 2, 3] and set(everywhere.waiting) == {0, 1, 2, 3}
+
+
+def _yaml(p: Path) -> dict:
+    import yaml
+    return yaml.safe_load(p.read_text())
+
+
+def test_hosts_field_is_validated(write_grid):
+    g = write_grid(SLEEP_GRID.format(name="x", s=0.1, passes=1) + "hosts: everywhere\n")
+    with pytest.raises(UserError, match="hosts: unknown value 'everywhere'"):
+        grid.load(g)
+
+
+@pytest.mark.engines
+def test_quickstart_through_ray_gives_the_artifacts_of_a_local_run(cluster, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    s = fleet.run("grids/quickstart.yaml", store_root=tmp_path / "store", address=cluster.address)
+    assert s.failed == 0
+    docs = _docs(tmp_path / "store", "quickstart")
+    spec = grid.load("grids/quickstart.yaml")
+    assert sorted(d["grid"]["run_key"] for d in docs) == sorted(r.run_key for r in schedule(spec))
+    assert {d["host"]["key"] for d in docs} == {provenance.current_host_key()}
+    assert {d["grid"]["path"] for d in docs} == {"grids/quickstart.yaml"}
+    n, problems = _problems(tmp_path / "store")
+    assert n == len(docs) and problems == []
+
+
+@pytest.mark.engines
+def test_kill_9_of_the_runner_leaves_no_engine_and_its_run_folder_is_swept(tmp_path):
+    g = tmp_path / "kill.yaml"
+    g.write_text(textwrap.dedent("""
+        name: kill
+        model: tiny-llama
+        arms: [{name: vllm, engine: vllm, form: hf-fp32}]
+        workload: {prompt_len: 8, context_len: 64, gen_len: 4}
+        threads: 1
+        passes: 1
+        repetitions: 1
+        warmups: 0
+        timeout_s: 300
+        """))
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "harness"), "run", str(g), "--store", str(tmp_path / "s")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    deadline = time.time() + 120
+    while worker is None and time.time() < deadline and proc.poll() is None:
+        for pid in (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"runtime.worker" in cmd and _parent_chain(pid, proc.pid):
+                worker = pid
+                break
+        time.sleep(0.1)
+    assert worker is not None, "the vLLM worker never started"
+    runs = list(Path(tempfile.gettempdir()).glob(f"{lifecycle.PREFIX}{proc.pid}-run-*"))
+    assert runs, "the runner's run folder is named by its pid"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 10
+    while Path(f"/proc/{worker}").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{worker}").exists() or _zombie(worker), "the vLLM worker outlived its runner"
+    assert lifecycle.sweep_stale() and not any(p.exists() for p in runs)
+
+
+def _parent_chain(pid: int, ancestor: int) -> bool:
+    for _ in range(5):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        if pid == ancestor:
+            return True
+    return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_sign_test_is_exact():
+    from harness.stats import sign_test_p
+    assert sign_test_p(2, 0) == 0.5 and sign_test_p(5, 0) == 0.0625 and sign_test_p(0, 0) == 1.0
+    assert abs(sign_test_p(8, 2) - 0.109375) < 1e-12  # 2 * (1 + 10 + 45) / 1024
+
+
+def test_across_hosts_sets_each_hosts_ratio_side_by_side():
+    from harness.report import across_hosts
+
+    def sec(host, ratio, sha="s1"):
+        return {"name": "g", "grid_sha": sha, "host_key": host, "tables": [{"metric": "decode_tok_s", "rows": [
+            {"cell": "batch=1,threads=2", "arm": "base", "ratio_value": None},
+            {"cell": "batch=1,threads=2", "arm": "b", "ratio_value": ratio}]}]}
+    out = across_hosts([sec("h1", 0.5), sec("h2", 0.6), sec("h3", 0.4), sec("h4", 2.0, sha="other")])
+    assert len(out) == 1 and out[0]["hosts"] == ["h1", "h2", "h3"]  # another grid file is another experiment
+    (row,) = out[0]["rows"]
+    assert row["ratios"] == ["0.500", "0.600", "0.400"] and row["median"] == "0.500" and row["spread"] == "1.500"
+    assert row["sign"] == "0 above 1, 3 below; p = 0.25"
+    assert across_hosts([sec("h1", 0.5)]) == []  # one host: nothing across hosts
+
+
+def test_one_measurement_per_machine_lock_waits_and_says_so():
+    import io
+    held, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def holder():
+        with lifecycle.measuring():
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(10)
+    out = io.StringIO()
+
+    def second():
+        with lifecycle.measuring(out, "the next run"):
+            done.set()
+
+    t2 = threading.Thread(target=second)
+    t2.start()
+    deadline = time.time() + 10
+    while "waiting" not in out.getvalue() and time.time() < deadline:
+        time.sleep(0.01)
+    assert "another runner is measuring on this machine" in out.getvalue() and not done.is_set()
+    release.set()
+    t.join(10)
+    t2.join(10)
+    assert done.is_set()
+
+
+def test_stale_run_folders_of_dead_runners_are_swept(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{lifecycle.PREFIX}{dead.pid}-run-abc"
+    live = tmp_path / f"{lifecycle.PREFIX}{os.getppid()}-run-def"
+    other = tmp_path / "edge-harness-cache"
+    for d in (stale, live, other):
+        d.mkdir()
+    assert lifecycle.sweep_stale(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and other.exists()
