@@ -117,7 +117,8 @@ def cmd_fleet_start(args: argparse.Namespace) -> int:
     if bool(args.head) == bool(args.join):
         raise UserError("harness fleet start", "give exactly one of --head and --join HEAD:PORT",
                         "--head on the first machine, --join HEAD_IP:PORT on the others")
-    return fleet.start_node(args.bind, bool(args.head), args.join, args.port, args.object_store_mb)
+    return fleet.start_node(args.bind, bool(args.head), args.join, args.port, args.object_store_mb,
+                            args.allow_all_interfaces)
 
 
 def cmd_fleet_status(args: argparse.Namespace) -> int:
@@ -277,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     fst.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
     fst.add_argument("--object-store-mb", type=int, default=256,
                      help="Ray's shared-memory object store, kept small: only artifacts travel (default 256)")
+    fst.add_argument("--allow-all-interfaces", action="store_true",
+                     help="keep the node running though Ray listens on every interface (firewall its ports first)")
     fst.set_defaults(func=cmd_fleet_start)
     fss = flsub.add_parser("status", help="the cluster's machines: nodes grouped by host key, with their class")
     fss.add_argument("--address", help="the head, HOST:PORT (default: RAY_ADDRESS, else the local one)")

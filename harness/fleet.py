@@ -453,7 +453,8 @@ def status(address: str | None, insecure: bool = False) -> list[str]:
 # -- starting nodes ------------------------------------------------------------------------------------------
 
 
-def start_node(bind: str, head: bool, join: str | None, port: int, object_store_mb: int, out=sys.stderr) -> int:
+def start_node(bind: str, head: bool, join: str | None, port: int, object_store_mb: int,
+               allow_all_interfaces: bool = False, out=sys.stderr) -> int:
     """`ray start` with token authentication on, bound to the address the user named."""
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     if not ray_bin:
@@ -470,4 +471,67 @@ def start_node(bind: str, head: bool, join: str | None, port: int, object_store_
            f"--object-store-memory={object_store_mb * 1024 * 1024}"]
     cmd += ["--head", f"--port={port}"] if head else [f"--address={join}"]
     print("[fleet] " + " ".join(cmd), file=out, flush=True)
-    return subprocess.run(cmd, env=env).returncode
+    rc = subprocess.run(cmd, env=env).returncode
+    if rc != 0:
+        return rc
+    time.sleep(2)  # Ray's agents open their ports after `ray start` returns
+    wild = wildcard_listeners(ray_pids())
+    if wild:
+        # Ray 2.60.0 binds its GCS and raylet servers to every interface whatever --node-ip-address says: the token
+        # still guards them, but "bound to the address named" does not hold, so the node is not left running so
+        # unless the user says so
+        where = ", ".join(wild)
+        if not allow_all_interfaces:
+            subprocess.run([ray_bin, "stop"], env=env, capture_output=True)
+            raise UserError("harness fleet start", f"Ray listens on all interfaces, not only {bind}: {where}; the node "
+                            "was stopped", "restrict these ports to the fleet's network with a firewall, then rerun "
+                            "with --allow-all-interfaces (token authentication stays on; docs/fleet.md)")
+        print(f"[fleet] warning: Ray listens on all interfaces, not only {bind}: {where} (allowed by "
+              "--allow-all-interfaces; token authentication guards them; firewall them to the fleet's network)",
+              file=out, flush=True)
+    return 0
+
+
+def ray_pids() -> list[int]:
+    """This user's Ray processes (GCS, raylet, Ray's Python agents and workers)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if p.stat().st_uid != os.getuid():
+                continue
+            cmd = (p / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"gcs_server" in cmd or b"raylet" in cmd or b"/site-packages/ray/" in cmd or cmd.startswith(b"ray::"):
+            out.append(int(p.name))
+    return out
+
+
+def wildcard_listeners(pids: list[int], proc: Path = Path("/proc")) -> list[str]:
+    """`name:port` of each TCP socket in LISTEN state that the processes hold on a wildcard address (0.0.0.0, ::)."""
+    owner: dict[str, str] = {}
+    for pid in pids:
+        try:
+            name = (proc / str(pid) / "comm").read_text().strip()
+            for fd in (proc / str(pid) / "fd").iterdir():
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    owner[link[8:-1]] = name
+        except OSError:
+            continue
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) < 10 or f[3] != "0A" or f[9] not in owner:
+                continue
+            addr, port = f[1].rsplit(":", 1)
+            if set(addr) == {"0"}:
+                found.append(f"{owner[f[9]]}:{int(port, 16)}")
+    return sorted(set(found))

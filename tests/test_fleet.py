@@ -341,3 +341,26 @@ def test_stale_run_folders_of_dead_runners_are_swept(tmp_path):
         d.mkdir()
     assert lifecycle.sweep_stale(tmp_path) == [stale]
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_wildcard_listeners_are_found_in_proc(tmp_path):
+    """The check `harness fleet start` makes after `ray start` (Ray 2.60.0 binds GCS and raylet to every
+    interface whatever --node-ip-address says): LISTEN sockets of the given processes on 0.0.0.0 or ::."""
+    proc = tmp_path / "proc"
+    (proc / "net").mkdir(parents=True)
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    (proc / "net" / "tcp").write_text(head +
+        "   0: 00000000:18EB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1\n"
+        "   1: 0202000C:9569 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 222 1\n"
+        "   2: 00000000:1F90 00000000:0000 01 00000000:00000000 00:00000000 00000000     0        0 333 1\n"
+        "   3: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 444 1\n")
+    (proc / "net" / "tcp6").write_text(head +
+        "   0: 00000000000000000000000000000000:18F0 00000000000000000000000000000000:0000 0A 00000000:00000000 "
+        "00:00000000 00000000     0        0 555 1\n")
+    for pid, name, inodes in ((10, "gcs_server", (111, 333)), (11, "raylet", (222, 555))):
+        (proc / str(pid) / "fd").mkdir(parents=True)
+        (proc / str(pid) / "comm").write_text(name + "\n")
+        for i, ino in enumerate(inodes):
+            os.symlink(f"socket:[{ino}]", proc / str(pid) / "fd" / str(i))
+    # 444 (sshd's, not ours) and 333 (not listening) and 222 (bound to one address) are not reported
+    assert fleet.wildcard_listeners([10, 11], proc) == ["gcs_server:6379", "raylet:6384"]
