@@ -364,3 +364,14 @@ def test_wildcard_listeners_are_found_in_proc(tmp_path):
             os.symlink(f"socket:[{ino}]", proc / str(pid) / "fd" / str(i))
     # 444 (sshd's, not ours) and 333 (not listening) and 222 (bound to one address) are not reported
     assert fleet.wildcard_listeners([10, 11], proc) == ["gcs_server:6379", "raylet:6384"]
+
+
+def test_a_machine_whose_grid_file_differs_takes_no_runs(tmp_path, monkeypatch):
+    """An agent prepares from its own checkout: another grid file (sha256) there, and it refuses in one line."""
+    monkeypatch.chdir(tmp_path)  # the agent moves to the project root; monkeypatch moves back
+    g = _grid(tmp_path, "differs", 0.1, 1)
+    agent = fleet.Agent()
+    prep = agent.prepare(str(g), "0" * 64)
+    assert prep["ok"] is False and "differs on this machine" in prep["error"] and "\n" not in prep["error"]
+    ok = agent.prepare(str(g), grid.load(g).sha256)
+    assert ok["ok"] is True and ok["engines"]["command"]["name"] == "command"
