@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from harness.lifecycle import die_with_parent
+from harness.lifecycle import popen
 
 PAGE = mmap.PAGESIZE
 
@@ -50,9 +50,8 @@ class Balloon:
 
     def __init__(self, nbytes: int, timeout_s: float = 120.0) -> None:
         self.requested = int(nbytes)
-        self.proc = subprocess.Popen([sys.executable, "-m", "harness.balloon", str(self.requested)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=die_with_parent)
+        self.proc = popen([sys.executable, "-m", "harness.balloon", str(self.requested)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         t0 = time.time()
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         self.inflate_s = round(time.time() - t0, 3)

@@ -159,12 +159,19 @@ def accepts_without_token(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> b
     env["RAY_gcs_server_port_wait_time_s"] = "3"  # a refused client retries each second, 20 times by default
     code = ("import sys, ray\nray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR')\n"
             "ray.nodes()\nprint('CONNECTED', flush=True)\nray.shutdown()\n")
+    proc = lifecycle.popen([sys.executable, "-c", code, address], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
     try:
-        r = subprocess.run([sys.executable, "-c", code, address], env=env, capture_output=True, text=True,
-                           timeout=timeout_s, preexec_fn=lifecycle.die_with_parent)
+        out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
         return False
-    return "CONNECTED" in r.stdout
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return "CONNECTED" in out
 
 
 def connect(address: str, insecure: bool) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.errors import UserError
-from harness.lifecycle import die_with_parent
+from harness.lifecycle import popen
 from harness.residency import PeakMemory
 
 if TYPE_CHECKING:
@@ -235,8 +235,8 @@ def run_process(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path
                 poll_s: float | None = 0.5) -> ProcResult:
     """Run one process (its own session, so a timeout kills the whole tree), watching peak memory."""
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                            start_new_session=True, text=True, errors="replace", preexec_fn=die_with_parent)
+    proc = popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
+                 start_new_session=True, text=True, errors="replace")
     affinity = _engine_affinity(proc.pid, cmd)
     timed_out = False
     with (PeakMemory(proc.pid, poll_s) if poll_s else _NotObserved()) as pm:
