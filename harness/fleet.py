@@ -144,7 +144,6 @@ class Machine:
     refused: str | None = None
     done: dict[str, list] = field(default_factory=dict)  # run key -> this machine's stored artifacts
     durations: list[float] = field(default_factory=list)
-    left: int = 0
 
     @property
     def label(self) -> str:
@@ -268,8 +267,8 @@ class Dispatch:
 
     def remaining(self, m: Machine, by_pass: dict[int, list[RunSpec]]) -> int:
         with self.lock:
-            mine = self.own[m.key] + self.shared.get(m.cls, [])
-            return sum(1 for p in mine for r in by_pass[p] if r.run_key not in _ok_keys(m))
+            mine, done = self.own[m.key] + self.shared.get(m.cls, []), _ok_keys(m)
+            return sum(1 for p in mine for r in by_pass[p] if r.run_key not in done)
 
 
 def _ok_keys(m: Machine) -> set[str]:

@@ -16,6 +16,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 PNG_META = {"Software": None}  # no version stamp: the same store draws the same picture
 
 
+def save(fig, out_dir: Path, name: str) -> str:
+    """Lay out, write without a version stamp, close; the file's name."""
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=100, metadata=PNG_META)
+    plt.close(fig)
+    return name
+
+
 def ratio_chart(section: dict, out_dir: Path) -> str:
     """Per metric and non-baseline arm: the median per-pass ratio to the baseline with its 95% CI."""
     items = []
@@ -33,11 +41,7 @@ def ratio_chart(section: dict, out_dir: Path) -> str:
     ax.invert_yaxis()
     ax.set_xlabel(f"ratio to baseline arm '{section['baseline']}' (median of per-pass ratios, 95% bootstrap CI)")
     ax.set_title(f"{section['name']} (host {section['host_key']})", fontsize=9)
-    fig.tight_layout()
-    name = f"{section['slug']}-ratios.png"
-    fig.savefig(out_dir / name, dpi=100, metadata=PNG_META)
-    plt.close(fig)
-    return name
+    return save(fig, out_dir, f"{section['slug']}-ratios.png")
 
 
 def thread_sweep(section: dict, out_dir: Path) -> str:
@@ -58,8 +62,4 @@ def thread_sweep(section: dict, out_dir: Path) -> str:
         ax.legend(fontsize=7)
     fig.suptitle(f"{section['name']} (host {section['host_key']}): median over passes, "
                  "band = 95% bootstrap CI of the median", fontsize=9)
-    fig.tight_layout()
-    name = f"{section['slug']}-threads.png"
-    fig.savefig(out_dir / name, dpi=100, metadata=PNG_META)
-    plt.close(fig)
-    return name
+    return save(fig, out_dir, f"{section['slug']}-threads.png")

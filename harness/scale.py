@@ -144,7 +144,7 @@ def _meaning(rows: list[dict], baseline: str) -> list[str]:
 
 def plot(section: dict, out_dir: Any) -> str:
     """Decode's share of the read bandwidth against parameter count, one line per arm."""
-    from harness.plots import PNG_META, plt
+    from harness.plots import plt, save
     sc = section["scale"]
     fig, ax = plt.subplots(figsize=(7, 4))
     by_arm: dict[str, list[dict]] = defaultdict(list)
@@ -160,8 +160,4 @@ def plot(section: dict, out_dir: Any) -> str:
     ax.set_ylim(0, 110)
     ax.legend(fontsize=7)
     ax.set_title(f"{section['name']} (host {section['host_key']})", fontsize=9)
-    fig.tight_layout()
-    name = f"{section['slug']}-scale.png"
-    fig.savefig(out_dir / name, dpi=100, metadata=PNG_META)
-    plt.close(fig)
-    return name
+    return save(fig, out_dir, f"{section['slug']}-scale.png")
