@@ -165,6 +165,29 @@ class EngineStamped(Stamped):
     execution: Execution
 
 
+class StepPart(Frozen):
+    mean_ms: float
+    median_ms: float
+    p90_ms: float
+
+
+class Attribution(Frozen):
+    """Where a decode step's time went (harness/metrics.py, attribution)."""
+    source: str = Field(description="what timed the parts: the vLLM runtime's step-attribution patch, or edge-bench")
+    definition: str
+    steps: int = Field(gt=0, description="decode steps of the measured repetitions")
+    parts: dict[str, StepPart] = Field(description="schedule, prepare, forward, sample, update, detokenize, output, "
+                                       "rest: those the engine has")
+    part_definitions: dict[str, str]
+    step_mean_ms: float = Field(description="mean wall time of a step as the engine timed it (= the parts' sum)")
+    itl_mean_ms: float = Field(description="mean gap between the token timestamps of consecutive decode steps")
+    itl_median_ms: float
+    accounted: float | None = Field(description="the parts' summed means / itl_mean_ms")
+    model_share: float | None = Field(description="mean forward / itl_mean_ms")
+    engine_forward_mean_ms: float | None = Field(None, description="the forward as the engine's own timer saw it "
+                                                 "(llama.cpp: llama_perf_context eval time), where it has one")
+
+
 class RunArtifact(EngineStamped):
     kind: Literal["run"] = "run"
     status: Literal["ok", "failed", "timeout"]
@@ -174,6 +197,9 @@ class RunArtifact(EngineStamped):
     workload: Workload
     residency: Residency
     metrics: dict[str, Metric]
+    attribution: Attribution | None = Field(None, description="per-part decode step times, where the run timed them "
+                                            "(vLLM arm with the step-attribution patch; llama.cpp arm with "
+                                            "options.attribution); absent otherwise")
 
 
 class FidelityGridRef(Frozen):

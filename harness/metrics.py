@@ -87,6 +87,72 @@ def from_timestamps(samples: list[dict], prompt_len: int) -> dict[str, dict]:
     return out
 
 
+# ---- where a decode step's time goes (engines that time their parts: vLLM with the step-attribution patch,
+# llama.cpp through edge-bench) ------------------------------------------------------------------------------
+
+# part -> definition: the same names for every engine, each saying what it covers in each engine
+STEP_PARTS: dict[str, str] = {
+    "schedule": "choosing what runs this step (vLLM: Scheduler.schedule; llama.cpp: none, the loop decodes every "
+                "unfinished sequence)",
+    "prepare": "building the step's inputs (vLLM: batch state, attention metadata and input tensors; llama.cpp: "
+               "filling the llama_batch)",
+    "forward": "the model's forward pass for the step, LM head included (vLLM: GPUModelRunner._model_forward and "
+               "LogitsProcessor.forward; llama.cpp: llama_decode, graph build and compute)",
+    "sample": "choosing the token from the logits, greedy (vLLM: GPUModelRunner._sample; llama.cpp: "
+              "llama_sampler_sample, which also reads the logits)",
+    "update": "bookkeeping after the forward (vLLM: request state, Scheduler.update_from_output; llama.cpp: none)",
+    "detokenize": "turning the token into text (vLLM: the incremental detokenizer; llama.cpp: llama_token_to_piece)",
+    "output": "building the request's output (vLLM: OutputProcessor.process_outputs less detokenization; "
+              "llama.cpp: storing the id and timestamp)",
+    "rest": "the step's own wall time less every part above: Python or C++ around the calls, queues",
+}
+MODEL_PARTS = ("forward",)
+ATTRIBUTION_DEFINITION = (
+    "per decode step (after each request's first token, measured repetitions only), each part's wall time as "
+    "the engine timed it inside the step (exclusive: a timed call inside another counts once); itl: the gap "
+    "between the step's token timestamp and the previous one, the clock decode_tok_s is computed from; "
+    "accounted = sum of the parts' means / mean itl (what is left is the loop outside the step); model_share = "
+    "mean forward / mean itl")
+
+
+def attribution(samples: list[dict], source: str) -> dict | None:
+    """The attribution block of a run from its repetitions' per-step records
+    (`steps`: [{part: seconds, ..., "step": s, "emitted": n, "first_tokens": n, "end_s": s}]), or None."""
+    parts: dict[str, list[float]] = {}
+    engine_forward: list[float] = []
+    walls: list[float] = []
+    gaps: list[float] = []
+    for s in samples:
+        if s.get("warmup") or not s.get("steps"):
+            continue
+        prev = None
+        for st in s["steps"]:
+            if not st.get("emitted"):
+                continue
+            if st.get("first_tokens", 0) == 0 and prev is not None:
+                for k in STEP_PARTS:
+                    if k in st:
+                        parts.setdefault(k, []).append(float(st[k]))
+                walls.append(float(st["step"]))
+                if "engine_forward" in st:
+                    engine_forward.append(float(st["engine_forward"]))
+                gaps.append(float(st["end_s"]) - prev)
+            prev = float(st["end_s"])
+    if not gaps:
+        return None
+    n = len(gaps)
+    mean = {k: sum(v) / len(v) for k, v in parts.items()}
+    itl = sum(gaps) / n
+    return {"source": source, "definition": ATTRIBUTION_DEFINITION, "steps": n,
+            "parts": {k: {"mean_ms": 1e3 * mean[k], "median_ms": 1e3 * percentile(v, 50),
+                          "p90_ms": 1e3 * percentile(v, 90)} for k, v in parts.items()},
+            "part_definitions": {k: STEP_PARTS[k] for k in parts},
+            "step_mean_ms": 1e3 * sum(walls) / n, "itl_mean_ms": 1e3 * itl, "itl_median_ms": 1e3 * percentile(gaps, 50),
+            "accounted": sum(mean.values()) / itl if itl > 0 else None,
+            "model_share": sum(mean.get(k, 0.0) for k in MODEL_PARTS) / itl if itl > 0 else None,
+            "engine_forward_mean_ms": 1e3 * sum(engine_forward) / len(engine_forward) if engine_forward else None}
+
+
 # ---- the prompts every engine receives ------------------------------------------------------------------
 
 def prompt_ids(seed: int, n: int, vocab: int, special: set[int]) -> list[int]:

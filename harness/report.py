@@ -238,7 +238,7 @@ def collect(store_dirs: list[str]) -> Collected:
 
 
 # The speed grids whose builds are set against the machine's ceiling (when they are in the store).
-CEILING_GRIDS = ("llamacpp-baseline", "vllm-vs-llamacpp", "decode-threads", "hardware-ladder")
+CEILING_GRIDS = ("llamacpp-baseline", "vllm-vs-llamacpp", "decode-threads", "hardware-ladder", "step-attribution")
 
 
 
@@ -298,12 +298,18 @@ def _ceiling_of_host(cal: Any, newest: dict[str, list[RunArtifact]]) -> dict:
             quant = a0.model.dtype.lower().startswith("q")
             peak = best[t]["matmul_gflop_s_bf16" if bf16 else "matmul_gflop_s_fp32"]
             gflops = 2 * MATMUL_PARAMETERS.get(a0.model.name, a0.model.parameters) * pre / 1e9
+            # the forward alone, where the runs timed their steps (grids/step-attribution.yaml): is it bandwidth-bound?
+            fwd = [a.attribution.parts["forward"].mean_ms for a in arts
+                   if a.attribution is not None and "forward" in a.attribution.parts]
+            fwd_gbs = wbytes / (stats.summarize(fwd).median / 1e3) / 1e9 if fwd else None
             rows.append({"grid": name, "cell": cell.replace("batch=1,", ""), "arm": arm, "engine": a0.engine.name,
                          "form": a0.model.form, "threads": t, "mib": f"{wbytes / 2**20:.0f}", "decode": _fmt(dec),
                          "gbs": f"{gbs:.2f}", "bw_share": f"{100 * gbs / best[t]['read_bandwidth_gb_s']:.0f}%",
                          "prefill": _fmt(pre), "gflops": f"{gflops:.0f}",
                          "peak": "-" if quant else f"{'bf16' if bf16 else 'fp32'} {peak:.0f}",
                          "flop_share": "n/a (integer kernels)" if quant else f"{100 * gflops / peak:.0f}%",
+                         "forward_bw": "-" if fwd_gbs is None else
+                         f"{fwd_gbs:.2f} ({100 * fwd_gbs / best[t]['read_bandwidth_gb_s']:.0f}%)",
                          "n": len(arts)})
     return {"calibration": cal_rows, "rows": rows, "id": cal.id[:12], "command": cal.grid.path,
             "definitions": cal.method["definitions"], "date": cal.timing.start[:10], "host_key": cal.host.key,
@@ -420,6 +426,8 @@ def plot_names(section: dict) -> list[str]:
         names.append(f"{section['slug']}-threads.png")
     if section.get("scale") and any(r["bw_share_value"] is not None for r in section["scale"]["rows"]):
         names.append(f"{section['slug']}-scale.png")
+    if section.get("steps"):
+        names.append(f"{section['slug']}-steps.png")
     return names
 
 
@@ -435,6 +443,8 @@ def _plot_data_hash(sec: dict, name: str) -> str:
                        "tables": [[t[k] for k in keys] for t in sec["tables"]], "rows": rows,
                        "scale": [(r["arm"], r["parameters"], r["bw_share_value"]) for r in (sec.get("scale") or {}).get(
                            "rows", [])],
+                       **({"steps": [(r["arm"], r["cell"], r["threads"], r["parts"], r["itl_ms"])
+                                     for r in sec["steps"]["rows"]]} if sec.get("steps") else {}),
                        "plots_code": _plots_code_hash()}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -462,8 +472,9 @@ def write_plots(sections: list[dict], out_dir: Path) -> tuple[list[Path], list[P
                 kept.append(out_dir / name)
                 continue
             from harness import plots
-            from harness import scale
-            draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep, "-scale.png": scale.plot}
+            from harness import scale, steps
+            draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep, "-scale.png": scale.plot,
+                    "-steps.png": steps.plot}
             fn = next(f for suffix, f in draw.items() if name.endswith(suffix))
             fn(sec, out_dir)
             drawn.append(out_dir / name)
@@ -505,6 +516,7 @@ def _build_all(store_dirs: list[str], template: str) -> tuple[str, list[dict], d
             sec = grid_section(name, host_arts, c.where, gates)
             sec["n_hosts"] = len(groups)
             sec["scale"] = _scale(sec, host_arts, cal_by_host)
+            sec["steps"] = _steps(sec, host_arts, cal_by_host)
             sec["plots"] = plot_names(sec)
             sections.append(sec)
     ctx = {"sections": sections, "fidelity": fsections, "ceilings": ceiling, "stores": store_dirs,
@@ -522,6 +534,14 @@ def _scale(sec: dict, host_arts: list[RunArtifact], cal_by_host: dict) -> dict |
     cal = cal_by_host.get(sec["host_key"])
     total = arts[0].host.memory.get("total_bytes")
     return scale.scale_block(arts, sec, best_by_threads(cal) if cal else None, total if isinstance(total, int) else None)
+
+
+def _steps(sec: dict, host_arts: list[RunArtifact], cal_by_host: dict) -> dict | None:
+    """The step-attribution view of a series whose runs timed their decode steps (harness/steps.py)."""
+    from harness import steps
+    from harness.ceiling import best_by_threads
+    cal = cal_by_host.get(sec["host_key"])
+    return steps.steps_block(analysis.newest_series(host_arts), sec, best_by_threads(cal) if cal else None)
 
 
 def across_hosts(sections: list[dict]) -> list[dict]:

@@ -180,6 +180,7 @@ def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, t
         "residency": residency or {"before": {}, "after_load": res.after_load, "after_run": {},
                                    "peak_memory": res.peak_memory, "page_cache": "not observed (the run did not complete)"},
         "metrics": res.metrics,
+        **({"attribution": res.attribution} if res.attribution else {}),
         "timing": timing,
     }
 

@@ -1,7 +1,9 @@
 """The runtime's patches: each with the defect it fixes, the extension point it uses, a detector
 that says whether the installed vLLM still has the defect, and a source hash for the manifest.
 
-Selection: EDGE_HARNESS_PATCHES = "all" (default), "none", or a comma-separated list of names.
+Selection: EDGE_HARNESS_PATCHES = "all" (default), "none", or a comma-separated list of names, where "all"
+means every fix; an instrument (step-attribution: it measures, it changes no computation) is applied only
+when named, alone or after "all" ("all,step-attribution").
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Patch:
     extension_point: str
     detect: Callable[[], dict]
     implementation: Callable
+    instrument: bool = False  # measures without changing what the engine computes; never part of "all"
 
 
 def _meminfo_total() -> int | None:
@@ -152,6 +155,17 @@ def apply_explicit_kv_wins(vllm_config, explicit: int | None) -> dict:
     return {"requested": explicit, "effective": cache.kv_cache_memory_bytes}
 
 
+def apply_step_attribution() -> dict:
+    """General plugin: time every part of each LLMEngine.step() (runtime/attribution.py)."""
+    from runtime import attribution
+    return attribution.install()
+
+
+def _detect_step_attribution() -> dict:
+    from runtime.attribution import detect_no_step_attribution
+    return detect_no_step_attribution()
+
+
 def apply_threads_follow_bind() -> dict:
     """General plugin, before the CPU worker forbids torch.set_num_threads: this process's torch threads
     and CPU affinity follow the bind list (threads started later inherit the affinity)."""
@@ -181,17 +195,25 @@ PATCHES: tuple[Patch, ...] = (
           "process on both CPUs (decode-threads grid, first series)",
           "vllm.general_plugins: runtime.plugin.register", detect_bind_ignored_in_process,
           apply_threads_follow_bind),
+    Patch("step-attribution",
+          "vLLM does not say where a decode step's time goes: its statistics time requests, not the parts of a "
+          "step (scheduling, input preparation, forward, sampling, output processing, detokenization)",
+          "vllm.general_plugins: runtime.plugin.register (class-level wrappers, runtime/attribution.py)",
+          _detect_step_attribution, apply_step_attribution, instrument=True),
 )
 NAMES = tuple(p.name for p in PATCHES)
+FIXES = tuple(p.name for p in PATCHES if not p.instrument)
 
 
 def selected(env=os.environ) -> tuple[str, ...]:
     raw = env.get(ENV, "all").strip()
     if raw in ("", "all"):
-        return NAMES
+        return FIXES
     if raw == "none":
         return ()
     names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    if "all" in names:
+        names = FIXES + tuple(n for n in names if n != "all" and n not in FIXES)
     unknown = [n for n in names if n not in NAMES]
     if unknown:
         raise ValueError(f"{ENV}: unknown patch {unknown[0]!r}; known: {', '.join(NAMES)}, all, none")
@@ -226,6 +248,6 @@ def manifest(applied: dict[str, dict] | None = None, env=os.environ) -> list[dic
         v = verdict(p.name)
         out.append({"name": p.name, "defect": p.defect, "extension_point": p.extension_point,
                     "detector": {"defective": v["defective"], "evidence": v["evidence"]},
-                    "selected": p.name in chosen, "applied": p.name in applied,
+                    "instrument": p.instrument, "selected": p.name in chosen, "applied": p.name in applied,
                     "effect": applied.get(p.name), "source_sha256": source_sha256(p)})
     return out

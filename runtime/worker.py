@@ -126,6 +126,9 @@ def run(cfg: dict) -> dict:
     patch_manifest = patches.manifest(patches.APPLIED)
     vc = engine.vllm_config
     scheduler = _scheduler(engine)
+    from runtime import attribution
+    # the parts are timed where the engine core runs: in this process unless it is multiprocess
+    attributing = "step-attribution" in patches.APPLIED and scheduler is not None
 
     samples = []
     warmups = int(cfg.get("warmups", 1))
@@ -141,23 +144,37 @@ def run(cfg: dict) -> dict:
             rid = f"r{i}-{j}"
             engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
             stamps[rid], seen[rid] = [], 0
+        steps: list[dict] = []
+        if attributing:
+            attribution.take()  # nothing before the first step of this repetition counts
         while engine.has_unfinished_requests():
             running = len(scheduler.running) if scheduler is not None else None
             outs = engine.step()
             now = time.perf_counter()
-            emitted = 0
+            emitted = first = 0
             for o in outs:
                 n = len(o.outputs[0].token_ids)
                 if n > seen[o.request_id]:
                     emitted += 1
+                    first += seen[o.request_id] == 0
                 stamps[o.request_id].extend([now] * (n - seen[o.request_id]))  # k tokens in one step: stamped at its end
                 seen[o.request_id] = n
             # requests decoded together: the scheduler's running queue where readable, else those that emitted
             concurrent = max(concurrent, running if running is not None else emitted)
-        samples.append({"warmup": i < warmups, "max_concurrent": concurrent,
-                        "concurrency_source": "scheduler.running" if scheduler is not None else "outputs per step",
-                        "requests": [{"token_times_s": [t - t_start for t in st]} for st in stamps.values()]})
+            if attributing:
+                for rec in attribution.take():  # one per LLMEngine.step(): this step's parts, in seconds
+                    steps.append({**rec, "emitted": emitted, "first_tokens": first, "end_s": now - t_start})
+        sample = {"warmup": i < warmups, "max_concurrent": concurrent,
+                  "concurrency_source": "scheduler.running" if scheduler is not None else "outputs per step",
+                  "requests": [{"token_times_s": [t - t_start for t in st]} for st in stamps.values()]}
+        if attributing:
+            sample["steps"] = steps
+        samples.append(sample)
 
+    if attributing and not any(st.get("forward") for s in samples for st in s.get("steps", [])):
+        # e.g. a model runner other than the one wrapped (vLLM's V2 runner): every part would land in "rest"
+        raise RuntimeError("step-attribution: no step timed a forward (this vLLM's model runner is not the one "
+                           f"runtime/attribution.py wraps; missing: {attribution.MISSING})")
     cache = vc.cache_config
     result = {
         "status": "ok",

@@ -20,9 +20,13 @@ arms:
   - {name: llama-bench, engine: llama-bench, form: gguf-f32}
   - {name: llama.cpp-cpu0, engine: llama.cpp, form: gguf-f32, threads: 1, cpus: [0]}
   - {name: vllm-cpu0, engine: vllm, form: hf-fp32, threads: 1, cpus: [0], options: {kv_cache_memory_bytes: 2000000}}
+  - {name: vllm-steps, engine: vllm, form: hf-fp32, patches: [all, step-attribution]}
+  - {name: llama.cpp-steps, engine: llama.cpp, form: gguf-f32, options: {attribution: true}}
 workload: {prompt_len: 32, context_len: 256, gen_len: 8}
 axes: {batch: [1, 2]}
 exclude:
+  - {arm: vllm-steps, batch: 2}
+  - {arm: llama.cpp-steps, batch: 2}
   - {arm: llama-bench, batch: 2}
   - {arm: llama.cpp-cpu0, batch: 2}
   - {arm: vllm-cpu0, batch: 2}
@@ -55,7 +59,7 @@ def test_engines_ran_for_real_and_pass_check(tiny_store):
     s, store = tiny_store
     arts = _arts(store) | {f"{k}@2": v for k, v in _arts(store, 2).items()}
     assert s.failed == 0, [a.get("error") for a in arts.values()]
-    assert len(arts) == 7
+    assert len(arts) == 9
     for arm, a in arts.items():
         assert a["status"] == "ok"
         problems = [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p]
@@ -172,3 +176,25 @@ def test_check_fails_a_run_whose_engine_used_other_threads(tiny_store):
     edited["execution"]["settings"]["threads"]["rule"] = "observe only (arm)"
     edited["id"] = compute_id({k: v for k, v in edited.items() if k != "id"})
     assert [p for p in check_doc(edited, f"{edited['id']}.json", verify_models=False) if "settings" in p] == []
+
+
+def test_step_attribution_accounts_for_the_measured_latency(tiny_store):
+    """Both engines time each decode step's parts; their sum accounts for the inter-token latency measured
+    from the token timestamps within 10%, and an arm that did not ask for it carries no attribution."""
+    arts = _arts(tiny_store[1])
+    for arm, must in (("vllm-steps", {"schedule", "prepare", "forward", "sample", "update", "detokenize", "output"}),
+                      ("llama.cpp-steps", {"prepare", "forward", "sample", "detokenize"})):
+        at = arts[arm]["attribution"]
+        assert at is not None, arm
+        assert must <= set(at["parts"]), (arm, at["parts"])
+        assert at["steps"] == 2 * 7  # 2 measured repetitions x (8 tokens - the first)
+        assert 0.9 <= at["accounted"] <= 1.1, (arm, at["accounted"], at["parts"], at["itl_mean_ms"])
+        assert 0 < at["model_share"] < 1
+        assert all(v["mean_ms"] >= 0 for k, v in at["parts"].items() if k != "rest")
+    assert arts["llama.cpp-steps"]["attribution"]["engine_forward_mean_ms"] > 0
+    assert arts["llama.cpp-steps"]["execution"]["settings"]["options.attribution"]["effective"] is True
+    man = {p["name"]: p for p in arts["vllm-steps"]["engine"]["patches"]}
+    assert man["step-attribution"]["applied"] and man["step-attribution"]["instrument"]
+    assert man["kv-budget-from-geometry"]["applied"]  # "all" still means every fix
+    assert not {p["name"]: p for p in arts["vllm"]["engine"]["patches"]}["step-attribution"]["selected"]
+    assert arts["vllm"].get("attribution") is None and arts["llama.cpp"].get("attribution") is None

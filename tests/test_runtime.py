@@ -21,7 +21,10 @@ def test_kv_geometry_hand_computed():
 
 
 def test_selection():
-    assert patches.selected({}) == patches.NAMES
+    assert patches.selected({}) == patches.FIXES  # "all": every fix, never an instrument
+    assert "step-attribution" in patches.NAMES and "step-attribution" not in patches.FIXES
+    assert patches.selected({"EDGE_HARNESS_PATCHES": "all,step-attribution"}) == patches.FIXES + ("step-attribution",)
+    assert patches.selected({"EDGE_HARNESS_PATCHES": "step-attribution"}) == ("step-attribution",)
     assert patches.selected({"EDGE_HARNESS_PATCHES": "none"}) == ()
     assert patches.selected({"EDGE_HARNESS_PATCHES": "threads-follow-bind"}) == ("threads-follow-bind",)
     with pytest.raises(ValueError, match="known"):
@@ -165,3 +168,47 @@ def test_measured_costs_come_from_the_published_runtime_startup_series():
     # what the runtime's defaults rest on: in-process eager starts fastest
     assert c[("inprocess", True)]["startup_s"] < min(c[("multiprocess", True)]["startup_s"],
                                                      c[("inprocess", False)]["startup_s"])
+
+
+def test_attribution_times_each_part_exclusively():
+    """Nested timed calls count once, in their own part; the step's rest is its wall time less the parts."""
+    import time
+    from runtime import attribution as at
+
+    class Engine:
+        def inner(self):
+            time.sleep(0.02)
+
+        def outer(self):
+            time.sleep(0.01)
+            self.inner()
+
+        def step(self):
+            self.outer()
+            time.sleep(0.005)
+
+    Engine.inner = at.timed(Engine.inner, "forward")
+    Engine.outer = at.timed(Engine.outer, "prepare")
+    Engine.step = at.timed_step(Engine.step)
+    at.take()
+    Engine().outer()  # outside a step: not recorded
+    assert at.take() == []
+    Engine().step()
+    (rec,) = at.take()
+    assert 0.019 < rec["forward"] < 0.05 and 0.009 < rec["prepare"] < 0.05  # exclusive: prepare excludes forward
+    assert abs(rec["rest"] + rec["prepare"] + rec["forward"] - rec["step"]) < 1e-9
+    assert rec["rest"] >= 0.004 and rec["schedule"] == 0.0
+
+
+def test_attribution_installs_on_this_vllm():
+    """Every part's target exists in the installed vLLM (a rename there would leave a part silently at zero)."""
+    code = ("import json; from runtime import attribution; print(json.dumps(attribution.install()))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["missing"] == {}, got["missing"]
+    assert set(got["wrapped"].values()) == set(attribution_parts()) | {"step"}
+
+
+def attribution_parts():
+    from runtime.attribution import PARTS
+    return PARTS

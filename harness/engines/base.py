@@ -83,6 +83,7 @@ class EngineResult:
     stderr_tail: str | None = None
     # setting -> {"requested": x, "effective": y, "source": where y was read}; see Engine.settings
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    attribution: dict[str, Any] | None = None  # per-part decode step times (metrics.attribution), where timed
 
 
 class Options(BaseModel):

@@ -28,6 +28,10 @@ CTX_PAD = 256  # this llama.cpp pads each sequence's context to a multiple of 25
 KV_TYPES = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
+ATTRIBUTION_SOURCE = ("edge-bench (harness/native/edge-bench.cpp) with options.attribution: steady_clock around "
+                      "each call of the step; engine_forward from llama.cpp's own eval timer (llama_perf_context)")
+
+
 class LlamaCppOptions(Options):
     n_batch: int | None = Field(None, ge=1)
     n_ubatch: int | None = Field(None, ge=1)
@@ -35,6 +39,7 @@ class LlamaCppOptions(Options):
     type_k: KV_TYPES | None = None
     type_v: KV_TYPES | None = None
     poll: int | None = Field(None, ge=0, le=100)
+    attribution: bool | None = None  # edge-bench times each decode step's parts (artifact `attribution`)
 
 
 class LlamaCpp(Engine):
@@ -120,7 +125,7 @@ class LlamaCpp(Engine):
             "warmups": setting(w, sum(1 for s in samples if s["warmup"]), "warm-up repetitions edge-bench ran"),
         }
         for k, tool_key in (("n_batch", "n_batch"), ("n_ubatch", "n_ubatch"), ("type_k", "type_k"),
-                            ("type_v", "type_v"), ("flash_attn", "flash_attn")):
+                            ("type_v", "type_v"), ("flash_attn", "flash_attn"), ("attribution", "attribution")):
             if getattr(opts, k) is not None:
                 settings[f"options.{k}"] = setting(getattr(opts, k), eff.get(tool_key), "read by edge-bench")
         effective = {**eff, "threads": eff["n_threads"], "system_info": res.get("system_info"),
@@ -132,7 +137,8 @@ class LlamaCpp(Engine):
                             effective=effective, command=cmd, env=env_rec, peak_memory=r.peak_memory,
                             after_load={"status": "not separable",
                                         "reason": "edge-bench loads and measures in one process; see after_run"},
-                            prompt_token_hash=metrics.prompts_hash(prompts), eager=None, settings=settings)
+                            prompt_token_hash=metrics.prompts_hash(prompts), eager=None, settings=settings,
+                            attribution=metrics.attribution(samples, ATTRIBUTION_SOURCE))
 
     # ---- fidelity -------------------------------------------------------------------------------------
     def fidelity_block(self) -> dict[str, Any]:

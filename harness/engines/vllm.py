@@ -49,15 +49,20 @@ def _wheel_record_hash(dist: str) -> str:
         return "not installed"
 
 
+ATTRIBUTION_SOURCE = ("vLLM runtime patch step-attribution (runtime/attribution.py): class-level wrappers on "
+                      "vLLM's own methods, installed by the runtime's general plugin; perf_counter")
+
+
 def patches_env(value) -> str:
-    """An arm's `patches` option (none, all, or a list of names) as EDGE_HARNESS_PATCHES."""
+    """An arm's `patches` option (none, all, or a list of names, where "all" stands for every fix) as
+    EDGE_HARNESS_PATCHES."""
     from runtime.patches import NAMES
     if value is None or value == "all":
         return "all"
     if value == "none" or value == []:
         return "none"
     names = [value] if isinstance(value, str) else list(value)
-    bad = [n for n in names if n not in NAMES]
+    bad = [n for n in names if n not in (*NAMES, "all")]
     if bad:
         raise UserError("arm.patches", f"unknown patch {bad[0]!r}", f"known: none, all, {', '.join(NAMES)}")
     return ",".join(names)
@@ -268,7 +273,8 @@ class Vllm(Engine):
                             command=cmd, env=arm_env, peak_memory=r.peak_memory, after_load=after_load,
                             prompt_token_hash=metrics.prompts_hash(prompts),
                             compile_cache={"key": key, "dir": str(cdir), "state": state},
-                            eager=eff["enforce_eager"], stderr_tail=None, settings=settings)
+                            eager=eff["enforce_eager"], stderr_tail=None, settings=settings,
+                            attribution=metrics.attribution(res["samples"], ATTRIBUTION_SOURCE))
 
     # ---- fidelity -------------------------------------------------------------------------------------
     def fidelity_dtype(self, form: str | None, options: dict) -> str | None:

@@ -16,15 +16,24 @@
 //                                                        //   at B * C, and the prefill must fit in one n_batch
 //                       "flash_attn": "on"|"off"|"auto", // default: llama.cpp's (auto)
 //                       "type_k": "f16", "type_v": "f16",// KV cache types, ggml names (f32, f16, bf16, q8_0, ...)
-//                       "poll": 0..100}}                 // attach a ggml threadpool with this polling level
+//                       "poll": 0..100,                  // attach a ggml threadpool with this polling level
 //                                                        //   (only ggml's own threads poll; an OpenMP build's
 //                                                        //   threads, "OPENMP = 1" in system_info, do not)
+//                       "attribution": true}}            // time each step's parts (below)
 // RESULT:  {"status": "ok",
 //           "samples": [{"warmup": bool,
 //                        "requests": [{"token_times_s": [G seconds since submission],
 //                                      "token_ids": [G ids], "text_bytes": bytes of their detokenized text}],
 //                        "max_concurrent": most sequences in one llama_decode,
-//                        "prefill_batch_tokens": prompt tokens in the prefill llama_decode}],
+//                        "prefill_batch_tokens": prompt tokens in the prefill llama_decode,
+//                        "steps": [{"prepare", "forward", "sample", "detokenize", "output", "rest", "step",
+//                                   "engine_forward", "emitted", "first_tokens", "end_s"}]}],  // with attribution:
+//                                                        //   per llama_decode, seconds: filling the batch,
+//                                                        //   llama_decode, llama_sampler_sample, token_to_piece,
+//                                                        //   storing id and stamp, the step less those; "step"
+//                                                        //   from filling the batch to the last stamp;
+//                                                        //   engine_forward: llama.cpp's own eval timer
+//                                                        //   (llama_perf_context t_eval_ms + t_p_eval_ms) delta
 //           "effective": {"n_ctx", "n_ctx_per_seq", "n_seq_max", "n_batch", "n_ubatch", "n_threads",
 //                         "n_threads_batch", "type_k", "type_v", "flash_attn", "poll", "kv_unified",
 //                         "cpu_affinity", "omp_num_threads_env", "n_vocab", "model_desc", "model_n_params",
@@ -172,6 +181,7 @@ int main(int argc, char ** argv) {
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
     int poll = -1;  // -1: no explicit threadpool (ggml's own)
+    bool attribution = false;
     try {
         for (auto it = opts.begin(); it != opts.end(); ++it) {
             const std::string & k = it.key();
@@ -190,6 +200,8 @@ int main(int argc, char ** argv) {
                 const std::string v = it->get<std::string>();
                 if (!ggml_type_by_name(v, k == "type_k" ? cp.type_k : cp.type_v))
                     throw std::runtime_error(k + ": no ggml type named " + v);
+            } else if (k == "attribution") {
+                attribution = it->get<bool>();
             } else if (k == "poll") {
                 poll = it->get<int>();
                 if (poll < 0 || poll > 100) throw std::runtime_error("poll must be in 0..100");
@@ -208,6 +220,7 @@ int main(int argc, char ** argv) {
     llama_model_params mp = llama_model_default_params();
     llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
     if (!model) { fprintf(stderr, "edge-bench: %s: cannot load model\n", model_path.c_str()); return 1; }
+    cp.no_perf = !attribution;  // llama.cpp's own eval timer, read per step beside ours
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) {
         fprintf(stderr, "edge-bench: cannot create a context of %u tokens for %d sequences\n", cp.n_ctx, n_seq);
@@ -253,7 +266,7 @@ int main(int argc, char ** argv) {
         {"type_k", ggml_type_name(cp.type_k)}, {"type_v", ggml_type_name(cp.type_v)},
         {"flash_attn", cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED    ? "on"
                      : cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED ? "off" : "auto"},
-        {"poll", poll >= 0 ? json(poll) : json(nullptr)}, {"kv_unified", cp.kv_unified},
+        {"poll", poll >= 0 ? json(poll) : json(nullptr)}, {"kv_unified", cp.kv_unified}, {"attribution", attribution},
         {"cpu_affinity", cpu_affinity()}, {"omp_num_threads_env", omp ? json(omp) : json(nullptr)},
         {"n_vocab", n_vocab}, {"model_desc", desc}, {"model_n_params", llama_model_n_params(model)},
         {"model_size", llama_model_size(model)}};
@@ -279,13 +292,39 @@ int main(int argc, char ** argv) {
         std::vector<long> text_bytes(n_seq, 0);
         std::vector<int> idx(n_seq);  // where each sequence's logits are in the last batch
         int max_concurrent = 0;
+        json steps = json::array();
+        double t_sample = 0, t_detok = 0, t_output = 0;  // this step's, with attribution
 
         // take the token each sequence's logits give, detokenize it, stamp it
         auto emit = [&](int j, clk::time_point t0) {
+            const auto a = clk::now();
             const llama_token t = llama_sampler_sample(samplers[j], ctx, idx[j]);  // also accepts it
+            const auto b = clk::now();
             text_bytes[j] += detokenize(vocab, t, piece);
-            times[j].push_back(seconds_since(t0));
+            const auto c = clk::now();
+            times[j].push_back(std::chrono::duration<double>(c - t0).count());
             ids[j].push_back(t);
+            if (attribution) {
+                t_sample += std::chrono::duration<double>(b - a).count();
+                t_detok += std::chrono::duration<double>(c - b).count();
+                t_output += seconds_since(c);
+            }
+        };
+        auto engine_eval_s = [&]() {
+            const llama_perf_context_data d = llama_perf_context(ctx);
+            return (d.t_eval_ms + d.t_p_eval_ms) / 1e3;
+        };
+        // one record per llama_decode: the parts timed above, the rest of the step, llama.cpp's own timer
+        auto record = [&](clk::time_point s0, clk::time_point f0, clk::time_point f1, double eval0, int emitted,
+                          int first, clk::time_point t0) {
+            if (!attribution) return;
+            const double step = seconds_since(s0), prepare = std::chrono::duration<double>(f0 - s0).count(),
+                         forward = std::chrono::duration<double>(f1 - f0).count();
+            steps.push_back({{"prepare", prepare}, {"forward", forward}, {"sample", t_sample}, {"detokenize", t_detok},
+                             {"output", t_output}, {"rest", step - prepare - forward - t_sample - t_detok - t_output},
+                             {"step", step}, {"engine_forward", engine_eval_s() - eval0}, {"emitted", emitted},
+                             {"first_tokens", first}, {"end_s", seconds_since(t0)}});
+            t_sample = t_detok = t_output = 0;
         };
 
         // all B requests are submitted together: one prefill of every prompt
@@ -296,12 +335,18 @@ int main(int argc, char ** argv) {
             for (size_t i = 0; i < p.size(); i++) batch_add(batch, p[i], (llama_pos) i, j, i + 1 == p.size());
             idx[j] = batch.n_tokens - 1;
         }
+        double eval0 = attribution ? engine_eval_s() : 0;
+        auto f0 = clk::now();
         if (llama_decode(ctx, batch) != 0) { fprintf(stderr, "edge-bench: prefill decode failed\n"); rc = 1; break; }
+        auto f1 = clk::now();
         max_concurrent = std::max(max_concurrent, n_seq);
         for (int j = 0; j < n_seq; j++) emit(j, t0);
+        record(t0, f0, f1, eval0, n_seq, n_seq, t0);
 
         // decode steps: every unfinished sequence's last token, one batch per step
         while (rc == 0) {
+            eval0 = attribution ? engine_eval_s() : 0;  // llama.cpp's timer before the step (nothing runs between)
+            const auto s0 = clk::now();
             batch.n_tokens = 0;
             for (int j = 0; j < n_seq; j++) {
                 if ((int) ids[j].size() >= gen_len) { idx[j] = -1; continue; }
@@ -310,15 +355,21 @@ int main(int argc, char ** argv) {
             }
             if (batch.n_tokens == 0) break;
             max_concurrent = std::max(max_concurrent, (int) batch.n_tokens);
+            const int emitted = batch.n_tokens;
+            f0 = clk::now();
             if (llama_decode(ctx, batch) != 0) { fprintf(stderr, "edge-bench: decode failed\n"); rc = 1; break; }
+            f1 = clk::now();
             for (int j = 0; j < n_seq; j++) if (idx[j] >= 0) emit(j, t0);
+            record(s0, f0, f1, eval0, emitted, 0, t0);
         }
 
         json requests = json::array();
         for (int j = 0; j < n_seq; j++)
             requests.push_back({{"token_times_s", times[j]}, {"token_ids", ids[j]}, {"text_bytes", text_bytes[j]}});
-        samples.push_back({{"warmup", rep.warmup}, {"requests", requests}, {"max_concurrent", max_concurrent},
-                           {"prefill_batch_tokens", rep.n_tokens}});
+        json sample = {{"warmup", rep.warmup}, {"requests", requests}, {"max_concurrent", max_concurrent},
+                       {"prefill_batch_tokens", rep.n_tokens}};
+        if (attribution) sample["steps"] = steps;
+        samples.push_back(sample);
     }
 
     const std::string system_info = llama_print_system_info();

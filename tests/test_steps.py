@@ -1,0 +1,39 @@
+"""Step attribution's arithmetic (harness/metrics.py attribution, harness/steps.py): on hand-made step records."""
+
+from harness import metrics, steps
+
+
+def _step(end, forward, sample=0.001, emitted=1, first=0, rest=0.0005):
+    wall = forward + sample + rest
+    return {"forward": forward, "sample": sample, "rest": rest, "step": wall, "emitted": emitted,
+            "first_tokens": first, "end_s": end}
+
+
+def test_only_decode_steps_of_measured_repetitions_count():
+    # prefill step (first tokens) at 0.1 s, then 3 decode steps every 12 ms, each 11.5 ms of parts
+    rec = [_step(0.1, 0.05, first=1)] + [_step(0.1 + 0.012 * k, 0.010) for k in (1, 2, 3)]
+    warm = {"warmup": True, "steps": [_step(0.1, 1.0, first=1), _step(9.0, 5.0)], "requests": []}
+    block = metrics.attribution([warm, {"warmup": False, "steps": rec, "requests": []}], "test")
+    assert block["steps"] == 3
+    assert abs(block["itl_mean_ms"] - 12.0) < 1e-9
+    assert abs(block["parts"]["forward"]["mean_ms"] - 10.0) < 1e-9
+    assert abs(block["accounted"] - 11.5 / 12.0) < 1e-9
+    assert abs(block["model_share"] - 10.0 / 12.0) < 1e-9
+    assert block["engine_forward_mean_ms"] is None
+    assert set(block["part_definitions"]) == {"forward", "sample", "rest"}
+
+
+def test_no_steps_no_block():
+    assert metrics.attribution([{"warmup": False, "requests": []}], "x") is None
+    only_prefill = [{"warmup": False, "steps": [_step(0.1, 0.05, first=1)], "requests": []}]
+    assert metrics.attribution(only_prefill, "x") is None
+
+
+def test_meaning_names_the_largest_part_outside_the_forward_and_a_shortfall():
+    row = {"arm": "vllm", "cell_short": "threads=2", "model_share": 0.6, "itl_ms": 30.0,
+           "forward_bw_share": "40%", "forward_bw_share_value": 0.4, "within": False, "accounted_text": "80.0%",
+           "parts": {"forward": 18.0, "schedule": 0.5, "prepare": 3.0, "rest": 2.0}}
+    (line,) = steps._meaning([row])
+    assert line == ("vllm (threads=2): the forward takes 60% of the 30.0 ms between tokens, streaming the weights "
+                    "at 40% of the measured read bandwidth; the largest other part is prepare (3.00 ms); the parts "
+                    "account for only 80.0% of it")
