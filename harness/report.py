@@ -678,9 +678,10 @@ def format_hosts(rows: list[dict]) -> str:
 # Generated blocks in the README and the docs: each between its own markers, rendered from the store by
 # `harness report --readme FILE` and checked with --check. name -> (template, grids, metrics shown).
 BLOCKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
-    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "batch-sweep", "llamacpp-baseline", "quickstart"),
+    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "model-scale", "step-attribution", "batch-sweep", "llamacpp-baseline",
+                                  "quickstart"),
                   ("decode_tok_s", "ttft_s", "prefill_tok_s", "itl_p50_s", "itl_p99_s", "output_tok_s")),
-    "runtime": ("evidence.md.j2", ("runtime-startup", "runtime-patches"),
+    "runtime": ("evidence.md.j2", ("step-attribution", "runtime-startup", "runtime-patches"),
                 ("startup_s", "decode_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mib")),
     "definitions": ("definitions.md.j2", ("llama-bench-vs-request",), ()),
     "hardware": ("hardware.md.j2", ("hardware-ladder", "hardware-memory"),

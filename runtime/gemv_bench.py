@@ -11,6 +11,9 @@ Candidates, each on the same weight (N x K, vLLM's layout) and the same input ro
 - torch_mv: torch.mv(W, x), ATen's matrix-vector product.
 Per shape: the median of `--iters` calls after warm-up, weight bytes / time (GB/s), and that as a share of
 the read bandwidth measured in the same process (a sum over a 1 GiB tensor, as `harness probe --bandwidth`).
+Each call reads a different copy of the weight, round robin over copies of at least 256 MiB in all, so that
+no call finds its weight in the caches (as in a decode step, where each layer's weights are read once).
+A candidate that cannot run a shape (oneDNN without a bf16 matmul on an AVX2 CPU) records its error.
 Run it on an idle machine; it prints the load average beside the figures.
 """
 
@@ -75,27 +78,39 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     rows = []
     for name, (n, k) in shapes(cfg).items():
-        w = torch.randn(n, k, dtype=dt) * 0.02
+        nbytes = n * k * torch.empty((), dtype=dt).element_size()
+        copies = max(1, -(-(256 << 20) // nbytes))
+        ws = [torch.randn(n, k, dtype=dt) * 0.02 for _ in range(copies)]
         x = torch.randn(1, k, dtype=dt)
-        handler = ops.create_onednn_mm(w.t(), 32)
-        ref = torch.nn.functional.linear(x.float(), w.float())
-        cands = {"onednn_mm": lambda: ops.onednn_mm(handler, x, None),
-                 "torch_linear": lambda: torch.nn.functional.linear(x, w),
-                 "torch_mv": lambda: torch.mv(w, x[0])}
-        nbytes = n * k * w.element_size()
-        row = {"layer": name, "n": n, "k": k, "weight_bytes": nbytes}
+        ref = torch.nn.functional.linear(x.float(), ws[0].float())
+        row = {"layer": name, "n": n, "k": k, "weight_bytes": nbytes, "copies": copies}
+        try:
+            handlers = [ops.create_onednn_mm(w.t(), 32) for w in ws]
+        except RuntimeError as e:
+            handlers, row["onednn_mm"] = None, {"error": str(e).splitlines()[0]}
+        it = {"i": 0}
+
+        def nxt() -> int:
+            it["i"] = (it["i"] + 1) % copies
+            return it["i"]
+        cands = {"torch_linear": lambda: torch.nn.functional.linear(x, ws[nxt()]),
+                 "torch_mv": lambda: torch.mv(ws[nxt()], x[0])}
+        if handlers:
+            cands = {"onednn_mm": lambda: ops.onednn_mm(handlers[nxt()], x, None), **cands}
         for cname, fn in cands.items():
+            it["i"] = copies - 1  # the first call reads copy 0, whose output ref is
             err = (fn().float().reshape(1, -1) - ref).abs().max().item()
             s = _time(fn, a.iters)
             row[cname] = {"us": s * 1e6, "gb_s": nbytes / s / 1e9, "bw_share": nbytes / s / 1e9 / bw, "max_abs_err": err}
         rows.append(row)
+        del ws, handlers
     out = {"model": a.model, "threads": a.threads, "dtype": a.dtype, "read_bandwidth_gb_s": bw,
            "torch": torch.__version__, "loadavg": os.getloadavg(), "rows": rows, "iters": a.iters}
     print(f"{a.model} {a.dtype} {a.threads} threads, read bandwidth {bw:.1f} GB/s, loadavg {out['loadavg']}")
     print(f"{'layer':<14}{'N x K':>14}" + "".join(f"{c:>26}" for c in ("onednn_mm", "torch_linear", "torch_mv")))
     for r in rows:
-        cells = "".join(f"{r[c]['us']:>9.1f} us {100 * r[c]['bw_share']:>5.0f}% bw    " for c in
-                        ("onednn_mm", "torch_linear", "torch_mv"))
+        cells = "".join(f"{r[c]['us']:>9.1f} us {100 * r[c]['bw_share']:>5.0f}% bw    " if "us" in r[c] else
+                        f"{'unavailable':>26}" for c in ("onednn_mm", "torch_linear", "torch_mv"))
         print(f"{r['layer']:<14}{r['n']:>7} x {r['k']:<6}{cells}")
     if a.out:
         with open(a.out, "w") as f:
