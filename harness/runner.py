@@ -208,7 +208,8 @@ def settings_block(settings: dict, engine, arm: grid.Arm) -> dict:
 
 
 def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool = False,
-        retry_failed: bool = True, out=sys.stderr) -> RunSummary:
+        retry_failed: bool = True, out=None) -> RunSummary:
+    out = sys.stderr if out is None else out  # read at call time: a stream bound at import may be closed since
     spec = grid.load(grid_path)
     for a in spec.arms:  # fail fast on a bad arm before any engine starts
         get_engine(a.engine).check(spec.model, a.form)
