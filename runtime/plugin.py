@@ -15,15 +15,11 @@ LOADED_ENV = "EDGE_HARNESS_RUNTIME_LOADED"
 def register() -> None:
     from runtime import patches
     os.environ[LOADED_ENV] = "1"
-    try:
-        apply = patches.should_apply("threads-follow-bind")
-    except ValueError:
-        apply = False
-    if apply and "threads-follow-bind" not in patches.APPLIED:
-        patches.APPLIED["threads-follow-bind"] = patches.apply_threads_follow_bind()
-    try:
-        attribute = patches.should_apply("step-attribution")
-    except ValueError:
-        attribute = False
-    if attribute and "step-attribution" not in patches.APPLIED:
-        patches.APPLIED["step-attribution"] = patches.apply_step_attribution()
+    for name, apply in (("threads-follow-bind", patches.apply_threads_follow_bind),
+                        ("step-attribution", patches.apply_step_attribution)):
+        try:
+            selected = patches.should_apply(name)
+        except ValueError:  # a bad selection is reported by the worker, not here
+            selected = False
+        if selected and name not in patches.APPLIED:
+            patches.APPLIED[name] = apply()
