@@ -149,6 +149,12 @@ def load_grid(path: str | Path) -> FidelityGrid:
         if not isinstance(opts, dict) or (set(opts) - eng.fidelity_options):
             raise _err(sp, f"{f}.options", f"unknown option for {b['engine']}",
                        f"known: {', '.join(sorted(eng.fidelity_options)) or 'none'}")
+        if "patches" in opts:
+            from harness.engines.vllm import patches_env
+            try:
+                patches_env(opts["patches"])
+            except UserError as e:
+                raise _err(sp, f"{f}.options.patches", e.problem, e.fix) from None
         builds.append(Build(name=b["name"], engine=b["engine"], form=b.get("form"), path=bpath, options=opts,
                             thresholds={**thresholds, **_thresholds(sp, f"{f}.thresholds", b.get("thresholds") or {})}))
     names = [b.name for b in builds]
@@ -234,14 +240,16 @@ def engine_block(engine: str) -> dict:
     return get_engine(engine).fidelity_block()
 
 
-def generate(g: FidelityGrid, engine: str, model_path: Path, dtype: str | None, request: dict, workdir: Path) -> dict:
+def generate(g: FidelityGrid, engine: str, model_path: Path, dtype: str | None, request: dict, workdir: Path,
+             options: dict | None = None) -> dict:
     """Run one build over the prompts in a fresh process, through the engine's fidelity command (the same
     request and result format for every engine: harness/native/edge-fidelity.cpp documents it)."""
     from harness.engines.base import run_process, tail
     req_path, out_path = workdir / "request.json", workdir / "result.json"
     req_path.write_text(json.dumps(request))
     cpus = list(range(g.threads))
-    cmd, env_rec = get_engine(engine).fidelity_command(model_path, g.threads, cpus, dtype, req_path, out_path, workdir)
+    cmd, env_rec = get_engine(engine).fidelity_command(model_path, g.threads, cpus, dtype, req_path, out_path, workdir,
+                                                      options)
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | env_rec
     r = run_process(cmd, env, g.timeout_s)
     res: dict[str, Any] = {"command": cmd, "env": env_rec, "cpus": cpus}
@@ -455,7 +463,7 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
         print(f"[fidelity] {label}: generating", file=out, flush=True)
         wd = Path(tempfile.mkdtemp(prefix="build-", dir=workroot))
         span = provenance.Span()
-        res = generate(g, b.engine, mpath, dtype, request, wd)
+        res = generate(g, b.engine, mpath, dtype, request, wd, b.options)
         eng = {**eng_blocks[b.engine]}
         ref_block = {"id": ref.id, "engine": ref.engine.name, "form": ref.model.form,
                      "model_sha256": sorted(f.sha256 for f in ref.model.files),

@@ -8,7 +8,8 @@ Candidates, each on the same weight (N x K, vLLM's layout) and the same input ro
 - onednn_mm: what vLLM's CPU linear uses (vllm._custom_ops.create_onednn_mm / onednn_mm, as
   dispatch_cpu_unquantized_gemm sets it up);
 - torch_linear: torch.nn.functional.linear (ATen: MKL/oneDNN as torch dispatches it);
-- torch_mv: torch.mv(W, x), ATen's matrix-vector product.
+- torch_mv: torch.mv(W, x), ATen's matrix-vector product;
+- edge_gemv: runtime/gemv.py's kernel (patch decode-gemv), where the CPU has AVX2.
 Per shape: the median of `--iters` calls after warm-up, weight bytes / time (GB/s), and that as a share of
 the read bandwidth measured in the same process (a sum over a 1 GiB tensor, as `harness probe --bandwidth`).
 Each call reads a different copy of the weight, round robin over copies of at least 256 MiB in all, so that
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     from vllm import _custom_ops as ops
     from harness import models
+    from runtime import gemv
+    kern = gemv.load().linear_small_m if gemv.unavailable() is None else None
     cfg = json.loads((models.form_path(a.model, "hf-fp32") / "config.json").read_text())
     dt = getattr(torch, a.dtype)
     bw = bandwidth(torch)
@@ -97,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                  "torch_mv": lambda: torch.mv(ws[nxt()], x[0])}
         if handlers:
             cands = {"onednn_mm": lambda: ops.onednn_mm(handlers[nxt()], x, None), **cands}
+        if kern is not None:
+            cands["edge_gemv"] = lambda: kern(x, ws[nxt()], None)
         for cname, fn in cands.items():
             it["i"] = copies - 1  # the first call reads copy 0, whose output ref is
             err = (fn().float().reshape(1, -1) - ref).abs().max().item()
@@ -106,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         del ws, handlers
     out = {"model": a.model, "threads": a.threads, "dtype": a.dtype, "read_bandwidth_gb_s": bw,
            "torch": torch.__version__, "loadavg": os.getloadavg(), "rows": rows, "iters": a.iters}
+    COLS = ("onednn_mm", "torch_linear", "torch_mv", "edge_gemv")
     print(f"{a.model} {a.dtype} {a.threads} threads, read bandwidth {bw:.1f} GB/s, loadavg {out['loadavg']}")
-    print(f"{'layer':<14}{'N x K':>14}" + "".join(f"{c:>26}" for c in ("onednn_mm", "torch_linear", "torch_mv")))
+    print(f"{'layer':<14}{'N x K':>14}" + "".join(f"{c:>26}" for c in COLS))
     for r in rows:
-        cells = "".join(f"{r[c]['us']:>9.1f} us {100 * r[c]['bw_share']:>5.0f}% bw    " if "us" in r[c] else
-                        f"{'unavailable':>26}" for c in ("onednn_mm", "torch_linear", "torch_mv"))
+        cells = "".join(f"{r[c]['us']:>9.1f} us {100 * r[c]['bw_share']:>5.0f}% bw    " if "us" in r.get(c, {}) else
+                        f"{'unavailable':>26}" for c in COLS)
         print(f"{r['layer']:<14}{r['n']:>7} x {r['k']:<6}{cells}")
     if a.out:
         with open(a.out, "w") as f:

@@ -2,8 +2,9 @@
 that says whether the installed vLLM still has the defect, and a source hash for the manifest.
 
 Selection: EDGE_HARNESS_PATCHES = "all" (default), "none", or a comma-separated list of names, where "all"
-means every fix; an instrument (step-attribution: it measures, it changes no computation) is applied only
-when named, alone or after "all" ("all,step-attribution").
+means every fix; an instrument (step-attribution: it measures, it changes no computation) and a candidate
+(a speed patch whose stock-vs-patched series is not yet published: decode-gemv, cpu-norm-kernels) are
+applied only when named, alone or after "all" ("all,step-attribution", "all,decode-gemv").
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class Patch:
     detect: Callable[[], dict]
     implementation: Callable
     instrument: bool = False  # measures without changing what the engine computes; never part of "all"
+    candidate: bool = False  # a speed patch on trial: opt-in (not in "all") until its A/B is published
+    modules: tuple[str, ...] = ()  # runtime modules holding the implementation: their source is in the hash
 
 
 def _meminfo_total() -> int | None:
@@ -166,6 +169,29 @@ def _detect_step_attribution() -> dict:
     return detect_no_step_attribution()
 
 
+def apply_decode_gemv() -> dict:
+    """General plugin, before the model loads: decode-sized linear layers through runtime/gemv.py's kernel."""
+    from runtime import gemv
+    return gemv.install()
+
+
+def _detect_decode_gemv() -> dict:
+    from runtime.gemv import detect_no_decode_gemv
+    return detect_no_decode_gemv()
+
+
+def apply_cpu_norm_kernels() -> dict:
+    """General plugin: register the CPU-kernel provider of vLLM's RMSNorm IR ops (runtime/norms.py); the
+    runtime's platform puts it first in the CPU priority (EdgeCpuPlatform.get_default_ir_op_priority)."""
+    from runtime import norms
+    return norms.register()
+
+
+def _detect_cpu_norm_kernels() -> dict:
+    from runtime.norms import detect_native_norms_on_cpu
+    return detect_native_norms_on_cpu()
+
+
 def apply_threads_follow_bind() -> dict:
     """General plugin, before the CPU worker forbids torch.set_num_threads: this process's torch threads
     and CPU affinity follow the bind list (threads started later inherit the affinity)."""
@@ -199,10 +225,25 @@ PATCHES: tuple[Patch, ...] = (
           "vLLM does not say where a decode step's time goes: its statistics time requests, not the parts of a "
           "step (scheduling, input preparation, forward, sampling, output processing, detokenization)",
           "vllm.general_plugins: runtime.plugin.register (class-level wrappers, runtime/attribution.py)",
-          _detect_step_attribution, apply_step_attribution, instrument=True),
+          _detect_step_attribution, apply_step_attribution, instrument=True, modules=("runtime.attribution",)),
+    Patch("decode-gemv",
+          "at batch 1 every CPU linear layer runs oneDNN's matmul (or ATen's) whatever the number of tokens: "
+          "per weight shape it streams fp32 weights at 34-52% of the read bandwidth on the AVX2 host "
+          "(runtime/gemv_bench.py), where llama.cpp's dot products reach ~70%; vLLM's decode forward is ~96% "
+          "of its step (step-attribution)",
+          "vllm.general_plugins: runtime.plugin.register wraps vllm.model_executor.layers.utils."
+          "dispatch_cpu_unquantized_gemm (runtime/gemv.py: an AVX2 matrix-vector kernel up to 4 tokens)",
+          _detect_decode_gemv, apply_decode_gemv, candidate=True, modules=("runtime.gemv",)),
+    Patch("cpu-norm-kernels",
+          "on the CPU every RMSNorm runs the PyTorch-native composition (~10 eager ATen calls, two norms a layer "
+          "per step): vLLM's IR priority for the CPU platform is [native] and its C++ provider is registered for "
+          "CUDA-alike and XPU only, though its CPU build ships the same kernels",
+          "vllm.general_plugins (provider edge_cpu_c on vllm.ir.ops.rms_norm and fused_add_rms_norm) and "
+          "vllm.platform_plugins: EdgeCpuPlatform.get_default_ir_op_priority (runtime/norms.py)",
+          _detect_cpu_norm_kernels, apply_cpu_norm_kernels, candidate=True, modules=("runtime.norms",)),
 )
 NAMES = tuple(p.name for p in PATCHES)
-FIXES = tuple(p.name for p in PATCHES if not p.instrument)
+FIXES = tuple(p.name for p in PATCHES if not (p.instrument or p.candidate))
 
 
 def selected(env=os.environ) -> tuple[str, ...]:
@@ -236,7 +277,11 @@ def should_apply(name: str, env=os.environ) -> bool:
 
 
 def source_sha256(p: Patch) -> str:
-    return hashlib.sha256(inspect.getsource(p.implementation).encode()).hexdigest()
+    import importlib
+    h = hashlib.sha256(inspect.getsource(p.implementation).encode())
+    for m in p.modules:
+        h.update(inspect.getsource(importlib.import_module(m)).encode())
+    return h.hexdigest()
 
 
 def manifest(applied: dict[str, dict] | None = None, env=os.environ) -> list[dict]:
@@ -248,6 +293,7 @@ def manifest(applied: dict[str, dict] | None = None, env=os.environ) -> list[dic
         v = verdict(p.name)
         out.append({"name": p.name, "defect": p.defect, "extension_point": p.extension_point,
                     "detector": {"defective": v["defective"], "evidence": v["evidence"]},
-                    "instrument": p.instrument, "selected": p.name in chosen, "applied": p.name in applied,
+                    "instrument": p.instrument, "candidate": p.candidate, "selected": p.name in chosen,
+                    "applied": p.name in applied and "declined" not in (applied[p.name] or {}),
                     "effect": applied.get(p.name), "source_sha256": source_sha256(p)})
     return out

@@ -6,10 +6,10 @@ over the built-in CPU platform. With EDGE_HARNESS_PATCHES=none it declines, and 
 
 from __future__ import annotations
 
-from runtime import patches
+from runtime import norms, patches
 
 QUALNAME = "runtime.platform.EdgeCpuPlatform"
-CONFIG_PATCHES = ("kv-budget-from-geometry", "explicit-kv-wins")
+CONFIG_PATCHES = ("kv-budget-from-geometry", "explicit-kv-wins", "cpu-norm-kernels")
 
 
 def activate() -> str | None:
@@ -36,6 +36,14 @@ def _make_class():
                 patches.APPLIED["explicit-kv-wins"] = patches.apply_explicit_kv_wins(vllm_config, explicit)
             if patches.should_apply("kv-budget-from-geometry"):
                 patches.APPLIED["kv-budget-from-geometry"] = patches.apply_kv_budget(vllm_config)
+
+        @classmethod
+        def get_default_ir_op_priority(cls, vllm_config):
+            prio = super().get_default_ir_op_priority(vllm_config)
+            registered = patches.APPLIED.get("cpu-norm-kernels")  # by the general plugin, in this process
+            if registered is not None and "declined" not in registered:
+                registered["priority"] = norms.priority(prio)
+            return prio
 
     EdgeCpuPlatform.__qualname__ = "EdgeCpuPlatform"
     EdgeCpuPlatform.__module__ = __name__

@@ -1,7 +1,7 @@
 """vLLM general-plugin entry point (group `vllm.general_plugins`): runs in every vLLM process.
 
-Applies the process-level patches (threads and affinity follow the bind list; step attribution when
-selected) and marks that the runtime loaded. vLLM loads general plugins while it builds the engine config, before the CPU
+Applies the process-level patches (threads and affinity follow the bind list; when selected, the
+decode-sized linear kernel, the CPU norm kernels' provider and step attribution) and marks that the runtime loaded. vLLM loads general plugins while it builds the engine config, before the CPU
 worker replaces torch.set_num_threads with a no-op.
 """
 
@@ -16,6 +16,8 @@ def register() -> None:
     from runtime import patches
     os.environ[LOADED_ENV] = "1"
     for name, apply in (("threads-follow-bind", patches.apply_threads_follow_bind),
+                        ("decode-gemv", patches.apply_decode_gemv),
+                        ("cpu-norm-kernels", patches.apply_cpu_norm_kernels),
                         ("step-attribution", patches.apply_step_attribution)):
         try:
             selected = patches.should_apply(name)

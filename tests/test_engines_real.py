@@ -22,11 +22,13 @@ arms:
   - {name: vllm-cpu0, engine: vllm, form: hf-fp32, threads: 1, cpus: [0], options: {kv_cache_memory_bytes: 2000000}}
   - {name: vllm-steps, engine: vllm, form: hf-fp32, patches: [all, step-attribution]}
   - {name: llama.cpp-steps, engine: llama.cpp, form: gguf-f32, options: {attribution: true}}
+  - {name: vllm-decode, engine: vllm, form: hf-fp32, patches: [all, decode-gemv, cpu-norm-kernels]}
 workload: {prompt_len: 32, context_len: 256, gen_len: 8}
 axes: {batch: [1, 2]}
 exclude:
   - {arm: vllm-steps, batch: 2}
   - {arm: llama.cpp-steps, batch: 2}
+  - {arm: vllm-decode, batch: 2}
   - {arm: llama-bench, batch: 2}
   - {arm: llama.cpp-cpu0, batch: 2}
   - {arm: vllm-cpu0, batch: 2}
@@ -198,3 +200,23 @@ def test_step_attribution_accounts_for_the_measured_latency(tiny_store):
     assert man["kv-budget-from-geometry"]["applied"]  # "all" still means every fix
     assert not {p["name"]: p for p in arts["vllm"]["engine"]["patches"]}["step-attribution"]["selected"]
     assert arts["vllm"].get("attribution") is None and arts["llama.cpp"].get("attribution") is None
+
+
+def test_decode_patches_applied_and_read_back(tiny_store):
+    """The candidates named after `all` run for real: every linear layer and the LM head routed to the
+    decode kernel (none left to vLLM's dispatch), the norms' provider first in the CPU priority; the arm
+    without them has neither applied."""
+    arts = _arts(tiny_store[1])
+    a = arts["vllm-decode"]
+    assert a["status"] == "ok"
+    man = {p["name"]: p for p in a["engine"]["patches"]}
+    g, n = man["decode-gemv"], man["cpu-norm-kernels"]
+    assert g["applied"] and g["candidate"] and n["applied"], (g["effect"], n["effect"])
+    cfg = json.loads((models.form_path("tiny-llama", "hf-fp32") / "config.json").read_text())
+    assert g["effect"]["layers"] == 4 * cfg["num_hidden_layers"] + 1 and g["effect"]["passed_to_vllm"] == 0
+    assert n["effect"]["priority"]["rms_norm"][0] == "edge_cpu_c"
+    assert n["effect"]["max_abs_diff_vs_native"]["float32"] < 1e-4
+    assert man["kv-budget-from-geometry"]["applied"]
+    plain = {p["name"]: p for p in arts["vllm"]["engine"]["patches"]}
+    assert not plain["decode-gemv"]["applied"] and not plain["cpu-norm-kernels"]["applied"]
+    assert a["metrics"]["decode_tok_s"]["samples"] and min(a["metrics"]["decode_tok_s"]["samples"]) > 0

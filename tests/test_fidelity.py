@@ -142,6 +142,8 @@ def test_real_engines_pass_a_sound_build_and_catch_a_zeroed_output_head(tmp_path
           - {{name: f32, engine: llama.cpp, form: gguf-f32}}
           - {{name: broken, engine: llama.cpp, path: {broken}}}
           - {{name: vllm-fp32, engine: vllm, form: hf-fp32}}
+          - {{name: vllm-fp32-decode, engine: vllm, form: hf-fp32,
+              options: {{patches: [all, decode-gemv, cpu-norm-kernels]}}, thresholds: {{min_exact_match_rate: 1.0}}}}
         cross_engine:
           - {{build: vllm-fp32, against: llama.cpp}}
     """)
@@ -154,6 +156,10 @@ def test_real_engines_pass_a_sound_build_and_catch_a_zeroed_output_head(tmp_path
     assert arts[("f32", False)]["verdict"] == "pass" and arts[("f32", False)]["summary"]["exact_match_rate"] == 1.0
     assert arts[("vllm-fp32", False)]["verdict"] == "pass"
     assert arts[("vllm-fp32", True)]["verdict"] == "not gated"
+    # the decode patches leave the greedy output token-identical to the same build's reference
+    d = arts[("vllm-fp32-decode", False)]
+    assert d["verdict"] == "pass" and d["summary"]["exact_match_rate"] == 1.0, d["summary"]
+    assert {p["name"] for p in d["engine"]["patches"] if p["applied"]} >= {"decode-gemv", "cpu-norm-kernels"}
     b = arts[("broken", False)]
     assert b["verdict"] == "fail" and b["summary"]["top1_agreement"] < 0.5
     assert b["model"]["files"][0]["sha256"] != arts[("f32", False)]["model"]["files"][0]["sha256"]

@@ -181,8 +181,9 @@ class Engine(ABC):
                 "build": info["build"], "patches": [], "overrides": {}}
 
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
-                         out_path: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
-        """The command (and its recorded environment) that answers a fidelity request (harness/fidelity.py)."""
+                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
+        """The command (and its recorded environment) that answers a fidelity request (harness/fidelity.py);
+        `options` are the build's (fidelity_options), absent for a reference."""
         raise UserError(self.name, "has no fidelity mode", "use a model engine (llama.cpp, vllm)")
 
     def fidelity_result_block(self, eng: dict, result: dict) -> dict:

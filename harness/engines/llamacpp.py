@@ -145,7 +145,7 @@ class LlamaCpp(Engine):
         return {**self._tool_block(FIDELITY_TOOL), "patches": [], "overrides": {}}
 
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
-                         out_path: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
+                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
         cmd = [str(llamacpp_build.tool(FIDELITY_TOOL)), "-m", str(model_path), "-t", str(threads), "-i", str(req_path),
                "-o", str(out_path)]
         return cmd, {"OMP_NUM_THREADS": str(threads)}

@@ -142,7 +142,7 @@ class Vllm(Engine):
     max_batch = None
     metrics = (*metrics.NAMES, "startup_s", "peak_rss_mib")
     reference_form = "hf-bf16"
-    fidelity_options = frozenset({"dtype"})
+    fidelity_options = frozenset({"dtype", "patches"})
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         batches = workload.get("batch", ("", {1}))[1]
@@ -281,13 +281,14 @@ class Vllm(Engine):
         return options.get("dtype") or FORM_DTYPE.get(form or "") or "bfloat16"
 
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
-                         out_path: Path, workdir: Path) -> tuple[list[str], dict[str, str]]:
+                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
         cfg = {"model_dir": str(model_path), "threads": threads, "cpus": cpus, "dtype": dtype, "eager": True,
                "request": json.loads(req_path.read_text())}
         cfg_path = workdir / "worker-config.json"
         cfg_path.write_text(json.dumps(cfg))
         cmd = [sys.executable, "-m", "runtime.worker", "--fidelity", str(cfg_path), str(out_path)]
-        return cmd, {"EDGE_HARNESS_PATCHES": patches_env("all"), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+        patches = patches_env((options or {}).get("patches", "all"))  # a build may name runtime patches; a reference: all
+        return cmd, {"EDGE_HARNESS_PATCHES": patches, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                      "VLLM_DO_NOT_TRACK": "1"}
 
     def fidelity_result_block(self, eng: dict, result: dict) -> dict:

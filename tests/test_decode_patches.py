@@ -1,0 +1,104 @@
+"""The decode patches on trial (#17): decode-gemv's kernel against ATen's linear, its routing by M, the CPU
+norm kernels' provider against vLLM's native composition, their selection and their detectors. The real
+engine runs them in tests/test_engines_real.py (applied, read back) and tests/test_fidelity.py (greedy
+output against the same build without them)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runtime import gemv, patches
+
+
+def _in_subprocess(code: str, timeout: int = 600) -> dict:
+    """vLLM's IR ops and torch's extension loader are process-global: each check runs in its own process."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_candidates_are_opt_in():
+    for name in ("decode-gemv", "cpu-norm-kernels"):
+        assert name in patches.NAMES and name not in patches.FIXES
+        assert patches.selected({"EDGE_HARNESS_PATCHES": f"all,{name}"}) == patches.FIXES + (name,)
+    p = {x.name: x for x in patches.PATCHES}
+    assert p["decode-gemv"].candidate and not p["decode-gemv"].instrument
+
+
+def test_routing_by_number_of_tokens():
+    """Up to MAX_M tokens go to the kernel, more to the fallback, both with the layer's own weight."""
+    import torch
+    calls = []
+    w = torch.zeros(3, 8)
+    lin = gemv.routed_linear(lambda x, wt, b: calls.append(("kernel", x.shape[0], wt is w)),
+                             w, lambda x, wt, b: calls.append(("fallback", x.shape[0], wt is w)))
+    for m in (1, gemv.MAX_M, gemv.MAX_M + 1, 128):
+        lin(torch.zeros(m, 8), None, None)
+    assert calls == [("kernel", 1, True), ("kernel", gemv.MAX_M, True), ("fallback", gemv.MAX_M + 1, True),
+                     ("fallback", 128, True)]
+
+
+@pytest.mark.skipif(gemv.unavailable() is not None, reason="needs an x86 CPU with AVX2 (torch's capability)")
+def test_gemv_kernel_matches_aten_linear():
+    """fp32 within float rounding of ATen's linear; bf16 within one bf16 rounding of the fp32 product; row
+    tails (N not a multiple of 4), K tails (not a multiple of 8), M up to MAX_M + 1, bias, 3-D input."""
+    got = _in_subprocess("""
+import json, torch
+from runtime import gemv
+torch.manual_seed(0)
+k = gemv.load().linear_small_m
+worst = {}
+for dt in (torch.float32, torch.bfloat16):
+    for n, kk in ((13, 37), (960, 576), (64, 8), (5, 3)):
+        for m in (1, 2, gemv.MAX_M + 1):
+            for bias in (False, True):
+                x = torch.randn(m, kk).to(dt)
+                w = (torch.randn(n, kk) * 0.05).to(dt)
+                b = torch.randn(n).to(dt) if bias else None
+                ref = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+                y = k(x, w, b)
+                assert y.dtype == dt and y.shape == (m, n)
+                err = float(((y.float() - ref).abs() / (ref.abs() + 1e-3)).max())
+                key = str(dt)
+                worst[key] = max(worst.get(key, 0.0), err)
+x3 = torch.randn(1, 1, 576)
+w = torch.randn(96, 576)
+assert k(x3, w, None).shape == (1, 1, 96)
+print(json.dumps(worst))
+""")
+    assert got["torch.float32"] < 1e-4, got
+    assert got["torch.bfloat16"] < 2e-2, got
+
+
+def test_norm_provider_matches_native_and_goes_first():
+    got = _in_subprocess("""
+import json, torch
+from runtime import norms
+from vllm import ir
+from vllm.config.kernel import IrOpPriorityConfig
+reg = norms.register()
+prio = IrOpPriorityConfig.with_default(["native"])
+lists = norms.priority(prio)
+x, w = torch.randn(2, 576), torch.ones(576)
+with ir.ops.rms_norm.set_priority(lists["rms_norm"]):
+    used = ir.ops.rms_norm.dispatch(x, w, 1e-5, None).provider
+    odd = ir.ops.rms_norm.dispatch(x.t(), torch.ones(2), 1e-5, None).provider  # non-contiguous: native
+print(json.dumps({"reg": reg, "lists": lists, "used": used, "odd": odd}))
+""")
+    assert "declined" not in got["reg"], got["reg"]
+    assert got["reg"]["max_abs_diff_vs_native"]["float32"] < 1e-4
+    assert got["lists"] == {"rms_norm": ["edge_cpu_c", "native"], "fused_add_rms_norm": ["edge_cpu_c", "native"]}
+    assert got["used"] == "edge_cpu_c" and got["odd"] == "native"
+
+
+def test_detectors_find_both_defects_in_this_vllm():
+    got = _in_subprocess("""
+import json
+from runtime.gemv import detect_no_decode_gemv
+from runtime.norms import detect_native_norms_on_cpu
+print(json.dumps({"gemv": detect_no_decode_gemv(), "norms": detect_native_norms_on_cpu()}))
+""")
+    assert got["gemv"]["defective"] is True, got["gemv"]
+    assert got["norms"]["defective"] is True, got["norms"]
