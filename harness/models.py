@@ -307,12 +307,22 @@ def matmul_parameters(config: dict) -> int:
 
 # Per model, from its pinned config (SmolLM2-135M: 30 layers, hidden 576, 9 heads, 3 KV heads,
 # head_dim 64, intermediate 1536): the FLOP count of a prefill token is 2 x this.
-MATMUL_PARAMETERS = {
-    "smollm2-135m": matmul_parameters({"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-                                       "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64}),
-    "tiny-llama": matmul_parameters({**TINY_CONFIG, "head_dim": 64}),
-    **{name: matmul_parameters(shape) for name, shape in SYNTHETIC_SHAPES.items()},
+SHAPES: dict[str, dict] = {
+    "smollm2-135m": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                     "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64},
+    "tiny-llama": {**TINY_CONFIG, "head_dim": 64},
+    **SYNTHETIC_SHAPES,
 }
+MATMUL_PARAMETERS = {name: matmul_parameters(shape) for name, shape in SHAPES.items()}
+
+
+def kv_elements_per_token(name: str) -> int | None:
+    """Values the KV cache holds per token (K and V, every layer): 2 x layers x KV heads x head_dim."""
+    s = SHAPES.get(name)
+    if s is None:
+        return None
+    hd = s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
+    return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * hd
 
 
 def get_def(name: str) -> ModelDef:

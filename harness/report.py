@@ -428,6 +428,8 @@ def plot_names(section: dict) -> list[str]:
         names.append(f"{section['slug']}-scale.png")
     if section.get("steps"):
         names.append(f"{section['slug']}-steps.png")
+    if section.get("context") and any(r["decode_value"] is not None for r in section["context"]["rows"]):
+        names.append(f"{section['slug']}-context.png")
     return names
 
 
@@ -445,6 +447,8 @@ def _plot_data_hash(sec: dict, name: str) -> str:
                            "rows", [])],
                        **({"steps": [(r["arm"], r["cell"], r["threads"], r["parts"], r["itl_ms"])
                                      for r in sec["steps"]["rows"]]} if sec.get("steps") else {}),
+                       **({"context": [(r["arm"], r["size"], r["prompt_len"], r["decode_value"])
+                                       for r in sec["context"]["rows"]]} if sec.get("context") else {}),
                        "plots_code": _plots_code_hash()}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -472,9 +476,9 @@ def write_plots(sections: list[dict], out_dir: Path) -> tuple[list[Path], list[P
                 kept.append(out_dir / name)
                 continue
             from harness import plots
-            from harness import scale, steps
+            from harness import context, scale, steps
             draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep, "-scale.png": scale.plot,
-                    "-steps.png": steps.plot}
+                    "-steps.png": steps.plot, "-context.png": context.plot}
             fn = next(f for suffix, f in draw.items() if name.endswith(suffix))
             fn(sec, out_dir)
             drawn.append(out_dir / name)
@@ -517,6 +521,7 @@ def _build_all(store_dirs: list[str], template: str) -> tuple[str, list[dict], d
             sec["n_hosts"] = len(groups)
             sec["scale"] = _scale(sec, host_arts, cal_by_host)
             sec["steps"] = _steps(sec, host_arts, cal_by_host)
+            sec["context"] = _context(sec, host_arts, cal_by_host)
             sec["plots"] = plot_names(sec)
             sections.append(sec)
     ctx = {"sections": sections, "fidelity": fsections, "ceilings": ceiling, "stores": store_dirs,
@@ -529,11 +534,21 @@ def _scale(sec: dict, host_arts: list[RunArtifact], cal_by_host: dict) -> dict |
     from harness import scale
     from harness.ceiling import best_by_threads
     arts = [a for a in analysis.newest_series(host_arts) if not a.host.emulation]
-    if len({a.model.name for a in arts}) < 2:
-        return None
+    from harness.context import applies
+    if len({a.model.name for a in arts}) < 2 or applies(arts):
+        return None  # (a series over a span of prompt lengths too is a context series: _context)
     cal = cal_by_host.get(sec["host_key"])
     total = arts[0].host.memory.get("total_bytes")
     return scale.scale_block(arts, sec, best_by_threads(cal) if cal else None, total if isinstance(total, int) else None)
+
+
+def _context(sec: dict, host_arts: list[RunArtifact], cal_by_host: dict) -> dict | None:
+    """The context view of a series whose cells differ by prompt length (harness/context.py), native runs only."""
+    from harness import context
+    from harness.ceiling import best_by_threads
+    arts = [a for a in analysis.newest_series(host_arts) if not a.host.emulation]
+    cal = cal_by_host.get(sec["host_key"])
+    return context.context_block(arts, sec, best_by_threads(cal) if cal else None)
 
 
 def _steps(sec: dict, host_arts: list[RunArtifact], cal_by_host: dict) -> dict | None:
@@ -678,10 +693,10 @@ def format_hosts(rows: list[dict]) -> str:
 # Generated blocks in the README and the docs: each between its own markers, rendered from the store by
 # `harness report --readme FILE` and checked with --check. name -> (template, grids, metrics shown).
 BLOCKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
-    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "model-scale", "step-attribution", "batch-sweep", "llamacpp-baseline",
+    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "model-scale", "context-scale", "step-attribution", "batch-sweep", "llamacpp-baseline",
                                   "quickstart"),
                   ("decode_tok_s", "ttft_s", "prefill_tok_s", "itl_p50_s", "itl_p99_s", "output_tok_s")),
-    "runtime": ("evidence.md.j2", ("step-attribution", "runtime-startup", "runtime-patches"),
+    "runtime": ("evidence.md.j2", ("step-attribution", "runtime-decode", "runtime-startup", "runtime-patches"),
                 ("startup_s", "decode_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mib")),
     "definitions": ("definitions.md.j2", ("llama-bench-vs-request",), ()),
     "hardware": ("hardware.md.j2", ("hardware-ladder", "hardware-memory"),
