@@ -208,6 +208,7 @@ def install() -> dict:
 
     dispatch.edge_gemv = True
     dispatch.edge_gemv_effect = effect
+    dispatch.edge_gemv_original = original
     utils.dispatch_cpu_unquantized_gemm = dispatch
     return effect
 
@@ -227,6 +228,7 @@ def detect_no_decode_gemv() -> dict:
     except Exception as e:  # noqa: BLE001 - a detector reports, never raises
         return {"defective": None, "evidence": f"cannot import vLLM's layer utils: {e}"}
     fn = getattr(utils, "dispatch_cpu_unquantized_gemm", None)
+    fn = getattr(fn, "edge_gemv_original", fn)  # vLLM's own, also once this patch is installed
     if fn is None:
         return {"defective": False, "evidence": "vLLM no longer has dispatch_cpu_unquantized_gemm (nothing to route)"}
     src = inspect.getsource(fn) + inspect.getsource(getattr(utils, "cpu_unquantized_gemm", fn))

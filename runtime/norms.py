@@ -20,6 +20,8 @@ OPS = ("rms_norm", "fused_add_rms_norm")
 
 def unavailable():
     import torch
+    from vllm.platforms import current_platform
+    current_platform.import_kernels()  # loads vLLM's compiled ops (torch.ops._C) where nothing has yet
     missing = [n for n in OPS if not hasattr(torch.ops._C, n)]
     if missing:
         return f"this vLLM build has no CPU kernel torch.ops._C.{missing[0]}"

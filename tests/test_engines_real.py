@@ -61,7 +61,7 @@ def test_engines_ran_for_real_and_pass_check(tiny_store):
     s, store = tiny_store
     arts = _arts(store) | {f"{k}@2": v for k, v in _arts(store, 2).items()}
     assert s.failed == 0, [a.get("error") for a in arts.values()]
-    assert len(arts) == 9
+    assert len(arts) == 10
     for arm, a in arts.items():
         assert a["status"] == "ok"
         problems = [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p]
@@ -203,7 +203,7 @@ def test_step_attribution_accounts_for_the_measured_latency(tiny_store):
 
 
 def test_decode_patches_applied_and_read_back(tiny_store):
-    """The candidates named after `all` run for real: every linear layer and the LM head routed to the
+    """The candidates named after `all` run for real: every linear layer, the embedding and the LM head routed to the
     decode kernel (none left to vLLM's dispatch), the norms' provider first in the CPU priority; the arm
     without them has neither applied."""
     arts = _arts(tiny_store[1])
@@ -213,7 +213,9 @@ def test_decode_patches_applied_and_read_back(tiny_store):
     g, n = man["decode-gemv"], man["cpu-norm-kernels"]
     assert g["applied"] and g["candidate"] and n["applied"], (g["effect"], n["effect"])
     cfg = json.loads((models.form_path("tiny-llama", "hf-fp32") / "config.json").read_text())
-    assert g["effect"]["layers"] == 4 * cfg["num_hidden_layers"] + 1 and g["effect"]["passed_to_vllm"] == 0
+    # qkv, o, gate_up and down in every layer, and the token embedding and LM head (vLLM dispatches both, tied)
+    assert g["effect"]["layers"] == 4 * cfg["num_hidden_layers"] + 2 and g["effect"]["passed_to_vllm"] == 0
+    assert g["effect"]["shapes"][f"{cfg['vocab_size']}x{cfg['hidden_size']} float32"] == 2
     assert n["effect"]["priority"]["rms_norm"][0] == "edge_cpu_c"
     assert n["effect"]["max_abs_diff_vs_native"]["float32"] < 1e-4
     assert man["kv-budget-from-geometry"]["applied"]
