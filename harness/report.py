@@ -29,6 +29,40 @@ from harness.store import Store, gc_paused, load_path
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
 
+# Targets an issue set, checked from the store by an interval (never typed by hand): grid -> targets. Each arm
+# against the reference arm, paired by pass in each cell, in a family of the arms named.
+TARGETS: dict[str, tuple[dict, ...]] = {
+    "runtime-decode": ({"issue": "#17", "metric": "decode_tok_s", "against": "llama.cpp-f32", "at_least": 0.6,
+                        "arms": ("vllm-fp32", "vllm-fp32-both")},),
+}
+
+
+def targets_block(name: str, arts: list) -> list[str]:
+    """Generated lines: each target's arm / reference ratio (paired Hodges-Lehmann with its interval) and whether
+    the target is met (the whole interval at or above it), not met (the whole interval below) or undecided."""
+    out = []
+    for t in TARGETS.get(name, ()):
+        vals: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
+        for a in arts:
+            if a.status == "ok" and t["metric"] in a.metrics:
+                vals[a.grid.arm][(a.grid.cell, a.grid.pass_index)] = stats.run_value(a.metrics[t["metric"]].samples)
+        ref = vals.get(t["against"], {})
+        for arm in t["arms"]:
+            for cell in sorted({c for c, _ in vals.get(arm, {})}):
+                keys = sorted(k for k in set(vals[arm]) & set(ref) if k[0] == cell)
+                if not keys:
+                    continue
+                c = stats.compare([vals[arm][k] for k in keys], [ref[k] for k in keys], len(t["arms"]), power=False)
+                if c.ci_low is None or c.ci_high is None:
+                    status, ci = "undecided (too few passes for an interval)", ""
+                else:
+                    status = "met" if c.ci_low >= t["at_least"] else "not met" if c.ci_high < t["at_least"] else \
+                        "undecided (the interval holds the target)"
+                    ci = f" [{c.ci_low:.2f}, {c.ci_high:.2f}] ({stats.level_text(c.level)})"
+                out.append(f"{arm} / {t['against']} {t['metric']}: {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired, "
+                           f"against the target of at least {t['at_least']}x ({t['issue']}): {status}.")
+    return out
+
 
 def _fmt(x: float) -> str:
     if x == 0:
@@ -521,6 +555,7 @@ def _build_all(store_dirs: list[str], template: str) -> tuple[str, list[dict], d
             sec["n_hosts"] = len(groups)
             sec["scale"] = _scale(sec, host_arts, cal_by_host)
             sec["steps"] = _steps(sec, host_arts, cal_by_host)
+            sec["targets"] = targets_block(name, analysis.newest_series(host_arts))
             sec["context"] = _context(sec, host_arts, cal_by_host)
             sec["plots"] = plot_names(sec)
             sections.append(sec)
@@ -693,7 +728,8 @@ def format_hosts(rows: list[dict]) -> str:
 # Generated blocks in the README and the docs: each between its own markers, rendered from the store by
 # `harness report --readme FILE` and checked with --check. name -> (template, grids, metrics shown).
 BLOCKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
-    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "model-scale", "context-scale", "step-attribution", "batch-sweep", "llamacpp-baseline",
+    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "model-scale", "context-scale", "context-scale-1.7b",
+                                  "step-attribution", "batch-sweep", "llamacpp-baseline",
                                   "quickstart"),
                   ("decode_tok_s", "ttft_s", "prefill_tok_s", "itl_p50_s", "itl_p99_s", "output_tok_s")),
     "runtime": ("evidence.md.j2", ("step-attribution", "runtime-decode", "runtime-startup", "runtime-patches"),

@@ -76,3 +76,21 @@ def test_other_load_measure():
     after = {"machine_busy_s": 14.0, "own_s": 3.0}
     o = provenance.other_load(before, after, 4.0)
     assert o["other_cores"] == 0.5  # 4 busy s, 2 of them ours, over 4 s
+
+
+def test_targets_are_checked_by_their_interval():
+    """A target is met only when the whole paired interval is at or above it, not met when wholly below."""
+    from types import SimpleNamespace as NS
+    from harness import report
+
+    def art(arm, p, v):
+        return NS(status="ok", metrics={"decode_tok_s": NS(samples=[v])}, grid=NS(arm=arm, cell="c", pass_index=p))
+    ref = [art("llama.cpp-f32", p, 20.0 + p % 2) for p in range(7)]
+    fast = [art("vllm-fp32-both", p, 16.0 + 0.1 * p) for p in range(7)]
+    slow = [art("vllm-fp32", p, 8.0 + 0.1 * p) for p in range(7)]
+    lines = report.targets_block("runtime-decode", ref + fast + slow)
+    assert len(lines) == 2
+    assert lines[0].startswith("vllm-fp32 / llama.cpp-f32 decode_tok_s: 0.4") and lines[0].endswith(": not met.")
+    assert lines[1].startswith("vllm-fp32-both / llama.cpp-f32") and lines[1].endswith(": met.")
+    assert "7 passes paired" in lines[1] and "(#17)" in lines[1]
+    assert report.targets_block("other-grid", ref + fast) == []
