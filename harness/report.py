@@ -428,6 +428,7 @@ def fidelity_section(name: str, all_arts: list, newest: Newest) -> dict:
     fingerprint = hashlib.sha256("\n".join(sorted(a.id for a in all_arts)).encode()).hexdigest()[:16]
     return {"name": name, "grid_path": latest.grid.path, "grid_sha": latest.grid.sha256[:12], "model": latest.model.name,
             "prompt_set": latest.prompt_set, "decoding": latest.decoding, "rows": rows, "n_artifacts": len(arts),
+            "references": sorted({f"{a.reference['engine']} {a.reference['form']}" for a in by_build.values()}),
             "n_older": len(all_arts) - len(arts), "fingerprint": fingerprint, "threads": latest.execution.threads,
             "host": describe(latest.host.model_dump()), "host_key": latest.host.key,
             "dirty": any(a.harness.dirty for a in arts), "harness_commits": sorted({a.harness.commit[:12] for a in arts})}
@@ -728,7 +729,7 @@ def format_hosts(rows: list[dict]) -> str:
 # Generated blocks in the README and the docs: each between its own markers, rendered from the store by
 # `harness report --readme FILE` and checked with --check. name -> (template, grids, metrics shown).
 BLOCKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
-    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "model-scale", "context-scale", "context-scale-1.7b",
+    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "model-scale", "context-scale", "context-scale-1_7b",
                                   "step-attribution", "batch-sweep", "llamacpp-baseline",
                                   "quickstart"),
                   ("decode_tok_s", "ttft_s", "prefill_tok_s", "itl_p50_s", "itl_p99_s", "output_tok_s")),
