@@ -159,7 +159,9 @@ def test_real_engines_pass_a_sound_build_and_catch_a_zeroed_output_head(tmp_path
     # the decode patches leave the greedy output token-identical to the same build's reference
     d = arts[("vllm-fp32-decode", False)]
     assert d["verdict"] == "pass" and d["summary"]["exact_match_rate"] == 1.0, d["summary"]
-    assert {p["name"] for p in d["engine"]["patches"] if p["applied"]} >= {"decode-gemv", "cpu-norm-kernels"}
+    from runtime.gemv import unavailable
+    expected = {"cpu-norm-kernels"} | ({"decode-gemv"} if unavailable() is None else set())  # AVX2 CPUs only
+    assert {p["name"] for p in d["engine"]["patches"] if p["applied"]} >= expected
     b = arts[("broken", False)]
     assert b["verdict"] == "fail" and b["summary"]["top1_agreement"] < 0.5
     assert b["model"]["files"][0]["sha256"] != arts[("f32", False)]["model"]["files"][0]["sha256"]
