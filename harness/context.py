@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from harness import stats
+from harness.scale import _median_of_runs, _size
 
 # bytes per value of llama.cpp's KV types (block formats: bytes per block / values per block)
 KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
@@ -32,11 +32,6 @@ def applies(arts: list) -> bool:
     """A context series: its runs' prompt lengths span at least SPAN x (a 128-512 axis of a speed grid is not)."""
     lens = {a.workload.prompt_len for a in arts if a.status == "ok"}
     return len(lens) >= 2 and max(lens) >= SPAN * min(lens)
-
-
-def _median_of_runs(arts: list, metric: str) -> float | None:
-    vals = [stats.summarize(a.metrics[metric].samples).median for a in arts if metric in a.metrics]
-    return stats.summarize(vals).median if vals else None
 
 
 def kv_bytes_per_token(a: Any) -> tuple[float | None, str]:
@@ -55,10 +50,6 @@ def kv_bytes_per_token(a: Any) -> tuple[float | None, str]:
 def _g(v: float) -> str:
     """Three significant digits, without exponents for large values."""
     return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.3g}"
-
-
-def _size(params: int) -> str:
-    return f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
 
 
 def context_block(arts: list, section: dict, best: dict[int, dict[str, float]] | None) -> dict | None:

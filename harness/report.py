@@ -554,10 +554,11 @@ def _build_all(store_dirs: list[str], template: str) -> tuple[str, list[dict], d
         for key, host_arts in groups.items():
             sec = grid_section(name, host_arts, c.where, gates)
             sec["n_hosts"] = len(groups)
-            sec["scale"] = _scale(sec, host_arts, cal_by_host)
-            sec["steps"] = _steps(sec, host_arts, cal_by_host)
-            sec["targets"] = targets_block(name, analysis.newest_series(host_arts))
-            sec["context"] = _context(sec, host_arts, cal_by_host)
+            series = analysis.newest_series(host_arts)  # once: every view below reads this host's newest series
+            sec["scale"] = _scale(sec, series, cal_by_host)
+            sec["steps"] = _steps(sec, series, cal_by_host)
+            sec["targets"] = targets_block(name, series)
+            sec["context"] = _context(sec, series, cal_by_host)
             sec["plots"] = plot_names(sec)
             sections.append(sec)
     ctx = {"sections": sections, "fidelity": fsections, "ceilings": ceiling, "stores": store_dirs,
@@ -565,11 +566,11 @@ def _build_all(store_dirs: list[str], template: str) -> tuple[str, list[dict], d
     return _env().get_template(template).render(**ctx), sections, ctx
 
 
-def _scale(sec: dict, host_arts: list[RunArtifact], cal_by_host: dict) -> dict | None:
+def _scale(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | None:
     """The model-scale view of a series whose cells differ by model (harness/scale.py), native runs only."""
     from harness import scale
     from harness.ceiling import best_by_threads
-    arts = [a for a in analysis.newest_series(host_arts) if not a.host.emulation]
+    arts = [a for a in series if not a.host.emulation]
     from harness.context import applies
     if len({a.model.name for a in arts}) < 2 or applies(arts):
         return None  # (a series over a span of prompt lengths too is a context series: _context)
@@ -578,21 +579,21 @@ def _scale(sec: dict, host_arts: list[RunArtifact], cal_by_host: dict) -> dict |
     return scale.scale_block(arts, sec, best_by_threads(cal) if cal else None, total if isinstance(total, int) else None)
 
 
-def _context(sec: dict, host_arts: list[RunArtifact], cal_by_host: dict) -> dict | None:
+def _context(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | None:
     """The context view of a series whose cells differ by prompt length (harness/context.py), native runs only."""
     from harness import context
     from harness.ceiling import best_by_threads
-    arts = [a for a in analysis.newest_series(host_arts) if not a.host.emulation]
+    arts = [a for a in series if not a.host.emulation]
     cal = cal_by_host.get(sec["host_key"])
     return context.context_block(arts, sec, best_by_threads(cal) if cal else None)
 
 
-def _steps(sec: dict, host_arts: list[RunArtifact], cal_by_host: dict) -> dict | None:
+def _steps(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | None:
     """The step-attribution view of a series whose runs timed their decode steps (harness/steps.py)."""
     from harness import steps
     from harness.ceiling import best_by_threads
     cal = cal_by_host.get(sec["host_key"])
-    return steps.steps_block(analysis.newest_series(host_arts), sec, best_by_threads(cal) if cal else None)
+    return steps.steps_block(series, sec, best_by_threads(cal) if cal else None)
 
 
 def across_hosts(sections: list[dict]) -> list[dict]:
