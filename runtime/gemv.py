@@ -158,15 +158,50 @@ def load():
     return _EXT
 
 
-def routed_linear(kernel, weight, fallback, max_m: int = MAX_M):
-    """A layer's cpu_linear: the kernel for up to max_m tokens, `fallback(x, weight, bias)` above."""
+def routed_linear(kernel, weight, fallback, max_m: int = MAX_M, traced=None):
+    """A layer's cpu_linear: the kernel for up to max_m tokens, `fallback(x, weight, bias)` above. Under
+    torch.compile (`eager: false`) the layer calls `traced` instead, one opaque op that routes inside
+    (torch.ops.edge_harness.linear_small_m): the graph then holds no branch on the number of tokens."""
     k = weight.shape[-1]
 
     def cpu_linear(x, _weight, bias=None):
+        if traced is not None and _compiling():
+            return traced(x, _weight, bias)  # the layer's own parameter, as vLLM passes it: a graph input
         if x.numel() <= max_m * k:
             return kernel(x, weight, bias)
         return fallback(x, weight, bias)
     return cpu_linear
+
+
+def _compiling() -> bool:
+    import torch
+    return torch.compiler.is_compiling()
+
+
+_OP = None
+
+
+def traced_op(kernel):
+    """torch.ops.edge_harness.linear_small_m: the routed linear as a custom op with a shape-only fake, so
+    dynamo traces a layer's call as one node (registered once per process)."""
+    global _OP
+    if _OP is None:
+        import torch
+
+        # the schema spelled out: this module's annotations are strings (from __future__ import annotations)
+        @torch.library.custom_op("edge_harness::linear_small_m", mutates_args=(),
+                                 schema="(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
+        def linear_small_m(x, weight, bias=None):
+            if x.numel() <= MAX_M * weight.shape[-1]:
+                return kernel(x, weight, bias)
+            return torch.nn.functional.linear(x, weight, bias)
+
+        @linear_small_m.register_fake
+        def _(x, weight, bias=None):
+            return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+        _OP = linear_small_m
+    return _OP
 
 
 def install() -> dict:
@@ -189,8 +224,10 @@ def install() -> dict:
     t0 = time.perf_counter()
     cached = any(_cache_dir().glob("*.so"))
     kernel = load().linear_small_m
+    op = traced_op(kernel)
     effect = {"kernel": "edge_gemv.linear_small_m (AVX2 FMA, fp32 accumulate)", "max_m": MAX_M,
               "above_max_m": "torch.nn.functional.linear on the same weight",
+              "compiled": "torch.ops.edge_harness.linear_small_m (the same routing as one custom op)",
               "build": {"key": build_key()[:16], "cflags": list(CFLAGS), "cached": cached,
                         "load_s": round(time.perf_counter() - t0, 3)},
               "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "layers": 0, "shapes": {},
@@ -201,7 +238,7 @@ def install() -> dict:
         if w.is_meta or w.dim() != 2 or w.dtype not in (torch.float32, torch.bfloat16) or not w.is_contiguous():
             effect["passed_to_vllm"] += 1
             return original(layer, remove_weight)
-        layer.cpu_linear = routed_linear(kernel, w, torch.nn.functional.linear)
+        layer.cpu_linear = routed_linear(kernel, w, torch.nn.functional.linear, traced=op)
         effect["layers"] += 1
         shape = f"{w.shape[0]}x{w.shape[1]} {str(w.dtype).replace('torch.', '')}"
         effect["shapes"][shape] = effect["shapes"].get(shape, 0) + 1

@@ -169,6 +169,17 @@ def _detect_step_attribution() -> dict:
     return detect_no_step_attribution()
 
 
+def apply_aot_cache_load() -> dict:
+    """General plugin: vLLM's AOT compile cache loads on the CPU (runtime/aotload.py)."""
+    from runtime import aotload
+    return aotload.install()
+
+
+def _detect_aot_cache_load() -> dict:
+    from runtime.aotload import detect_finalize_on_plain_function
+    return detect_finalize_on_plain_function()
+
+
 def apply_decode_gemv() -> dict:
     """General plugin, before the model loads: decode-sized linear layers through runtime/gemv.py's kernel."""
     from runtime import gemv
@@ -221,6 +232,13 @@ PATCHES: tuple[Patch, ...] = (
           "process on both CPUs (decode-threads grid, first series)",
           "vllm.general_plugins: runtime.plugin.register", detect_bind_ignored_in_process,
           apply_threads_follow_bind),
+    Patch("aot-cache-load",
+          "with eager: false every CPU worker compiles the model again although the compile cache holds it: "
+          "vLLM's AOT loader calls finalize_loading() on what it loaded, a method of its own compiled-function "
+          "class, but the CPU platform's inductor backend loads as a plain function ('function' object has no "
+          "attribute 'finalize_loading'), so the load fails and the worker compiles from scratch",
+          "vllm.general_plugins: runtime.plugin.register wraps torch.compiler.load_compiled_function "
+          "(runtime/aotload.py)", _detect_aot_cache_load, apply_aot_cache_load, modules=("runtime.aotload",)),
     Patch("step-attribution",
           "vLLM does not say where a decode step's time goes: its statistics time requests, not the parts of a "
           "step (scheduling, input preparation, forward, sampling, output processing, detokenization)",

@@ -1,6 +1,6 @@
 """vLLM general-plugin entry point (group `vllm.general_plugins`): runs in every vLLM process.
 
-Applies the process-level patches (threads and affinity follow the bind list; when selected, the
+Applies the process-level patches (threads and affinity follow the bind list; vLLM's AOT compile cache loads; when selected, the
 decode-sized linear kernel, the CPU norm kernels' provider and step attribution) and marks that the runtime loaded. vLLM loads general plugins while it builds the engine config, before the CPU
 worker replaces torch.set_num_threads with a no-op.
 """
@@ -16,6 +16,7 @@ def register() -> None:
     from runtime import patches
     os.environ[LOADED_ENV] = "1"
     for name, apply in (("threads-follow-bind", patches.apply_threads_follow_bind),
+                        ("aot-cache-load", patches.apply_aot_cache_load),
                         ("decode-gemv", patches.apply_decode_gemv),
                         ("cpu-norm-kernels", patches.apply_cpu_norm_kernels),
                         ("step-attribution", patches.apply_step_attribution)):

@@ -79,6 +79,16 @@ def _llm(cfg: dict, **extra):
                **extra)
 
 
+def _compilation_counts() -> dict:
+    """vLLM's own counters of this process: whether the model was compiled here or loaded from the AOT cache."""
+    try:
+        from vllm.compilation.counter import compilation_counter as c
+    except ImportError:
+        return {"status": "vLLM has no compilation counter"}
+    return {"aot_compiles": c.num_aot_compiles, "aot_artifacts_saved": c.num_aot_artifacts_saved,
+            "aot_artifacts_loaded": c.num_aot_artifacts_loaded, "inductor_compiles": c.num_inductor_compiles}
+
+
 def _scheduler(engine):
     """The engine core's scheduler, when the engine core runs in this process (else None)."""
     core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
@@ -192,6 +202,7 @@ def run(cfg: dict) -> dict:
             "enforce_eager": vc.model_config.enforce_eager,
             "max_num_seqs": vc.scheduler_config.max_num_seqs,
             "compilation_mode": getattr(vc.compilation_config.mode, "name", str(vc.compilation_config.mode)),
+            "compilation": _compilation_counts(),
             "multiprocess_engine_core": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1",
             "engine_core_client": type(getattr(engine, "engine_core", None)).__name__,
             "prefix_caching": cache.enable_prefix_caching,

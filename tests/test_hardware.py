@@ -194,3 +194,26 @@ def test_big_little_clusters_from_cpu_capacity(tmp_path):
     p = {"clusters": cl, "cores": 4, "cpus": [0, 1, 2, 3]}
     assert hardware.derive_threads(p)[:2] == (2, [2, 3])
     assert hardware.clusters_from_sysfs([0, 1], str(tmp_path)) is None  # all alike
+
+
+def test_settle_waits_out_the_steal_bursts_after_a_balloon():
+    """Bursts of steal a few windows apart (as after deflating a balloon on this VM) keep it waiting; it returns
+    only after quiet_for_s of quiet windows, and says so; a host that never quiets is reported, not hidden."""
+    import time
+    seen = iter([0.0, 0.5, 0.0, 0.02, 0.4] + [0.02] * 50)
+
+    def probe(window_s):
+        time.sleep(window_s)
+        return next(seen)
+
+    got = emulate.settle(quiet_cores=0.1, window_s=0.01, quiet_for_s=0.08, max_s=5, probe=probe)
+    assert got["settled"] and got["max_steal_cores"] == 0.5
+    assert got["windows"] >= 6 and got["waited_s"] >= 0.05  # past the last burst (5th), then quiet for 0.08 s
+    loud = emulate.settle(quiet_cores=0.1, window_s=0.01, quiet_for_s=0.05, max_s=0.1,
+                          probe=lambda w: (time.sleep(w), 0.3)[1])
+    assert not loud["settled"] and loud["max_steal_cores"] == 0.3
+
+
+def test_steal_probe_reads_proc_stat():
+    """The real probe spins every CPU for the window and returns cores of steal (0 on bare metal, >= 0 always)."""
+    assert 0.0 <= emulate._steal_probe(0.05) <= len(__import__("os").sched_getaffinity(0))

@@ -114,6 +114,54 @@ def test_one_thread_requested_one_thread_used(tmp_path):
     assert patched["overrides"]["threads-follow-bind"]["effective"]["torch_threads"] == 1
 
 
+def test_aot_load_makes_a_plain_loaded_function_whole(monkeypatch):
+    """The wrapper gives a loaded compiled_fn without finalize_loading a no-op one, counts it, leaves one
+    that has its own alone, and installs once (the harness's own logic, on a stand-in for torch's loader)."""
+    import types
+
+    import torch.compiler
+
+    from runtime import aotload
+
+    def plain(*a):
+        return a
+
+    class Own:
+        def finalize_loading(self, cfg):
+            return "own"
+
+    loaded = iter([plain, Own()])
+    monkeypatch.setattr(torch.compiler, "load_compiled_function",
+                        lambda f, f_globals=None: types.SimpleNamespace(_artifacts=types.SimpleNamespace(
+                            compiled_fn=next(loaded))))
+    effect = aotload.install()
+    assert aotload.install() is effect  # idempotent: one wrapper, one effect
+    first = torch.compiler.load_compiled_function(None)
+    first._artifacts.compiled_fn.finalize_loading(object())  # what vLLM's loader calls: no longer raises
+    second = torch.compiler.load_compiled_function(None)
+    assert second._artifacts.compiled_fn.finalize_loading(None) == "own"
+    assert effect["loads"] == 2 and effect["made_whole"] == 1
+
+
+@pytest.mark.engines
+def test_compiled_worker_loads_the_cache_it_saved(tmp_path):
+    """eager: false, twice on one compile cache: the first worker compiles and saves, the second loads it
+    (vLLM's own counters, read back as effective.compilation). Without aot-cache-load the second compiles
+    again: vLLM's loader fails on the inductor backend's plain function."""
+    cache = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    first = _worker(tmp_path, "all", cache, eager=False)
+    second = _worker(tmp_path, "all", cache, eager=False)
+    assert first["status"] == second["status"] == "ok", (first.get("error"), second.get("error"))
+    assert first["effective"]["compilation_mode"] == "DYNAMO_TRACE_ONCE"
+    assert first["effective"]["compilation"]["aot_compiles"] == 1
+    assert first["effective"]["compilation"]["aot_artifacts_saved"] == 1
+    got = second["effective"]["compilation"]
+    assert got["aot_compiles"] == 0 and got["aot_artifacts_loaded"] == 1, got
+    assert second["overrides"]["aot-cache-load"]["made_whole"] == 1
+    man = {m["name"]: m for m in second["patches"]}
+    assert man["aot-cache-load"]["applied"] and man["aot-cache-load"]["detector"]["defective"] is True
+
+
 _NODE_INFO = ("import json; from vllm.utils.cpu_resource_utils import get_memory_node_info as g; m = g(0); "
               "print(json.dumps([m.total_memory, m.available_memory]))")
 _HOLD = ("import sys, time; n = int(sys.argv[1]); b = bytearray(n); b[::4096] = b'\\x01' * len(range(0, n, 4096)); "
