@@ -34,6 +34,8 @@ LOADED_CORES = 0.25  # CPU cores used by other processes during a run above whic
 TARGETS: dict[str, tuple[dict, ...]] = {
     "runtime-decode": ({"issue": "#17", "metric": "decode_tok_s", "against": "llama.cpp-f32", "at_least": 0.6,
                         "arms": ("vllm-fp32", "vllm-fp32-both")},),
+    "decode-compiled": ({"issue": "#17", "metric": "decode_tok_s", "against": "llama.cpp-f32", "at_least": 0.6,
+                         "arms": ("eager", "compiled", "compiled-gemv")},),
 }
 
 
@@ -734,7 +736,8 @@ BLOCKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
                                   "step-attribution", "batch-sweep", "llamacpp-baseline",
                                   "quickstart"),
                   ("decode_tok_s", "ttft_s", "prefill_tok_s", "itl_p50_s", "itl_p99_s", "output_tok_s")),
-    "runtime": ("evidence.md.j2", ("step-attribution", "runtime-decode", "runtime-startup", "runtime-patches"),
+    "runtime": ("evidence.md.j2", ("step-attribution", "runtime-decode", "decode-compiled", "runtime-startup",
+                                  "runtime-patches"),
                 ("startup_s", "decode_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mib")),
     "definitions": ("definitions.md.j2", ("llama-bench-vs-request",), ()),
     "hardware": ("hardware.md.j2", ("hardware-ladder", "hardware-memory"),

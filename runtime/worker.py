@@ -272,8 +272,8 @@ def fidelity(cfg: dict) -> dict:
             "effective": {"dtype": str(vc.model_config.dtype).replace("torch.", ""),
                           "max_model_len": vc.model_config.max_model_len, "torch_threads": torch.get_num_threads(),
                           "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
-                          "enforce_eager": vc.model_config.enforce_eager,
-            "max_num_seqs": vc.scheduler_config.max_num_seqs, "max_logprobs": kk},
+                          "enforce_eager": vc.model_config.enforce_eager, "compilation": _compilation_counts(),
+                          "max_num_seqs": vc.scheduler_config.max_num_seqs, "max_logprobs": kk},
             "patches": patches.manifest(patches.APPLIED), "overrides": dict(patches.APPLIED)}
 
 

@@ -122,6 +122,22 @@ def _zero_output_head(src: Path, dst: Path) -> str:
     return r.stdout.strip()
 
 
+def test_a_vllm_build_may_compile_in_its_own_cache(tmp_path):
+    """options.eager: false compiles the build (from scratch, under its own directory); a reference stays eager."""
+    from harness.engines import get_engine
+    eng = get_engine("vllm")
+    assert "eager" in eng.fidelity_options
+    req = tmp_path / "request.json"
+    req.write_text("{}")
+    _, env = eng.fidelity_command(tmp_path, 2, [0, 1], "float32", req, tmp_path / "out.json", tmp_path,
+                                  {"eager": False, "patches": ["all", "decode-gemv"]})
+    assert json.loads((tmp_path / "worker-config.json").read_text())["eager"] is False
+    assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path)) and env["EDGE_HARNESS_PATCHES"] == "all,decode-gemv"
+    _, env = eng.fidelity_command(tmp_path, 2, [0, 1], "float32", req, tmp_path / "out.json", tmp_path, None)
+    assert json.loads((tmp_path / "worker-config.json").read_text())["eager"] is True
+    assert "VLLM_CACHE_ROOT" not in env
+
+
 @pytest.mark.engines
 def test_real_engines_pass_a_sound_build_and_catch_a_zeroed_output_head(tmp_path, cli):
     good = models.form_path("tiny-llama", "gguf-f32")

@@ -142,7 +142,7 @@ class Vllm(Engine):
     max_batch = None
     metrics = (*metrics.NAMES, "startup_s", "peak_rss_mib")
     reference_form = "hf-bf16"
-    fidelity_options = frozenset({"dtype", "patches"})
+    fidelity_options = frozenset({"dtype", "patches", "eager"})
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         batches = workload.get("batch", ("", {1}))[1]
@@ -282,14 +282,18 @@ class Vllm(Engine):
 
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
                          out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
-        cfg = {"model_dir": str(model_path), "threads": threads, "cpus": cpus, "dtype": dtype, "eager": True,
+        eager = bool((options or {}).get("eager", True))  # a build may compile (eager: false); a reference: eager
+        cfg = {"model_dir": str(model_path), "threads": threads, "cpus": cpus, "dtype": dtype, "eager": eager,
                "request": json.loads(req_path.read_text())}
         cfg_path = workdir / "worker-config.json"
         cfg_path.write_text(json.dumps(cfg))
         cmd = [sys.executable, "-m", "runtime.worker", "--fidelity", str(cfg_path), str(out_path)]
         patches = patches_env((options or {}).get("patches", "all"))  # a build may name runtime patches; a reference: all
-        return cmd, {"EDGE_HARNESS_PATCHES": patches, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-                     "VLLM_DO_NOT_TRACK": "1"}
+        env = {"EDGE_HARNESS_PATCHES": patches, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+               "VLLM_DO_NOT_TRACK": "1"}
+        if not eager:  # compiled from scratch in the build's own directory: no graph of another run is loaded
+            env.update({"VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")})
+        return cmd, env
 
     def fidelity_result_block(self, eng: dict, result: dict) -> dict:
         return {**eng, "patches": result["patches"], "overrides": result["overrides"]}
