@@ -120,11 +120,10 @@ def settle(quiet_cores: float = 0.1, window_s: float = 0.5, quiet_for_s: float =
            probe=None) -> dict:
     """Wait until the host is quiet after a balloon is released, with every CPU busy while it watches.
 
-    Returning tens of GiB makes the hypervisor reclaim them in bursts: measured here after deflating 19 GiB,
-    busy CPUs lost ~0.3-0.6 cores to steal in one half-second window every 3-5 s, for ~30 s, then ~0.02.
-    An idle guest hardly sees steal (a vCPU that does not ask to run is not robbed), so watching an idle
-    machine says "quiet" at once, and in hardware-ladder the native llama.cpp run after an emulated one
-    lost 0.18-0.32 cores. So: spin on every CPU for window_s, read steal and other busy time from
+    Returning tens of GiB makes the hypervisor reclaim them in bursts for about half a minute (seen with a
+    busy-CPU probe after deflating a balloon on the AVX2 host; not stored). An idle guest hardly sees steal
+    (a vCPU that does not ask to run is not robbed), so watching an idle machine says "quiet" at once, and
+    in hardware-ladder's first two series the native llama.cpp runs after an emulated one lost steal. So: spin on every CPU for window_s, read steal and other busy time from
     /proc/stat, and return once every window for quiet_for_s stayed below quiet_cores of steal (at most
     max_s). Returns what it saw: seconds waited, windows, the largest steal seen, whether it settled."""
     import time

@@ -162,20 +162,17 @@ def routed_linear(kernel, weight, fallback, max_m: int = MAX_M, traced=None):
     """A layer's cpu_linear: the kernel for up to max_m tokens, `fallback(x, weight, bias)` above. Under
     torch.compile (`eager: false`) the layer calls `traced` instead, one opaque op that routes inside
     (torch.ops.edge_harness.linear_small_m): the graph then holds no branch on the number of tokens."""
+    import torch
     k = weight.shape[-1]
+    compiling = torch.compiler.is_compiling  # bound once: cpu_linear runs for every layer of every step
 
     def cpu_linear(x, _weight, bias=None):
-        if traced is not None and _compiling():
+        if traced is not None and compiling():
             return traced(x, _weight, bias)  # the layer's own parameter, as vLLM passes it: a graph input
         if x.numel() <= max_m * k:
             return kernel(x, weight, bias)
         return fallback(x, weight, bias)
     return cpu_linear
-
-
-def _compiling() -> bool:
-    import torch
-    return torch.compiler.is_compiling()
 
 
 _OP = None
