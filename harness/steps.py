@@ -78,6 +78,11 @@ def _meaning(rows: list[dict]) -> list[str]:
                       if r["forward_bw_share_value"] is not None else "")
                    + (f"; the largest other part is {top[0]} ({top[1]:.2f} ms)" if top else "")
                    + ("" if r["within"] else f"; the parts account for only {r['accounted_text']} of it"))
+    over = [r["arm"] for r in rows if (r["forward_bw_share_value"] or 0) > 1]
+    if over:
+        out.append(f"{', '.join(sorted(set(over)))}: a share above 100% means this host read memory faster during "
+                   "the series than in its ceiling measurement (the newest `harness probe --bandwidth` of the host, "
+                   "taken at another time): the ceiling is a reference, not a bound, when the host's speed varies")
     return out
 
 

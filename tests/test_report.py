@@ -94,3 +94,29 @@ def test_targets_are_checked_by_their_interval():
     assert lines[1].startswith("vllm-fp32-both / llama.cpp-f32") and lines[1].endswith(": met.")
     assert "7 passes paired" in lines[1] and "(#17)" in lines[1]
     assert report.targets_block("other-grid", ref + fast) == []
+
+
+def test_forward_bound_says_whether_overhead_outside_the_forward_can_reach_a_target():
+    """Arms that timed their steps get a second line: the decode rate with nothing but the forward left
+    (1000 / forward ms), paired against the reference: below the target even then means the forward itself
+    must get faster."""
+    from types import SimpleNamespace as NS
+    from harness import report
+
+    def art(arm, p, v, fwd_ms=None):
+        att = None if fwd_ms is None else NS(parts={"forward": NS(mean_ms=fwd_ms)})
+        return NS(status="ok", metrics={"decode_tok_s": NS(samples=[v])}, attribution=att,
+                  grid=NS(arm=arm, cell="c", pass_index=p))
+    ref = [art("llama.cpp-f32", p, 20.0 + p % 2) for p in range(7)]
+    slow = [art("vllm-fp32", p, 8.0 + 0.1 * p, fwd_ms=110.0 - p) for p in range(7)]  # at most ~9.5 tok/s
+    near = [art("vllm-fp32-both", p, 11.0 + 0.1 * p, fwd_ms=40.0 + p) for p in range(7)]  # 22-25 tok/s
+    lines = report.targets_block("runtime-decode", ref + slow + near)
+    assert len(lines) == 4
+    bound = [ln for ln in lines if "with nothing but its forward" in ln]
+    assert bound[0].startswith("vllm-fp32 with nothing but its forward (107.0 ms a step)")
+    assert bound[0].endswith("what is left is inside the forward.")
+    assert bound[1].startswith("vllm-fp32-both with nothing but its forward")
+    assert bound[1].endswith("within reach of removing the time outside the forward.")
+    # untimed arms give no bound
+    assert not any("nothing but" in ln for ln in report.targets_block("runtime-decode", ref + [
+        art("vllm-fp32", p, 8.0) for p in range(7)]))

@@ -37,3 +37,13 @@ def test_meaning_names_the_largest_part_outside_the_forward_and_a_shortfall():
     assert line == ("vllm (threads=2): the forward takes 60% of the 30.0 ms between tokens, streaming the weights "
                     "at 40% of the measured read bandwidth; the largest other part is prepare (3.00 ms); the parts "
                     "account for only 80.0% of it")
+
+
+def test_meaning_says_what_a_share_above_the_ceiling_means():
+    """A forward streaming faster than the host's stored ceiling is said to be so, not left as a bare >100%."""
+    row = {"arm": "llama.cpp-f32", "cell_short": "threads=1", "model_share": 0.99, "itl_ms": 41.0,
+           "forward_bw_share": "105%", "forward_bw_share_value": 1.05, "within": True, "accounted_text": "99.9%",
+           "parts": {"forward": 40.8, "sample": 0.2}}
+    lines = steps._meaning([row, {**row, "forward_bw_share_value": 0.9, "arm": "other"}])
+    assert len(lines) == 3 and lines[2].startswith("llama.cpp-f32: a share above 100%")
+    assert len(steps._meaning([{**row, "forward_bw_share_value": 0.9}])) == 1
