@@ -41,6 +41,26 @@ TARGETS: dict[str, tuple[dict, ...]] = {
 }
 
 
+def _paired_against(t: dict, vals: dict[str, dict[tuple[str, int], float]], ref: dict[tuple[str, int], float],
+                    labels: tuple[str, str, str]):
+    """Per target arm and cell: its values paired by pass against the reference's, the comparison (a family of the
+    target's arms), the paired keys, the status against the target (labels: met, not met, undecided) and the
+    interval text."""
+    for arm in t["arms"]:
+        for cell in sorted({c for c, _ in vals.get(arm, {})}):
+            keys = sorted(k for k in set(vals[arm]) & set(ref) if k[0] == cell)
+            if not keys:
+                continue
+            c = stats.compare([vals[arm][k] for k in keys], [ref[k] for k in keys], len(t["arms"]), power=False)
+            if c.ci_low is None or c.ci_high is None:
+                status, ci = "undecided (too few passes for an interval)", ""
+            else:
+                status = labels[0] if c.ci_low >= t["at_least"] else labels[1] if c.ci_high < t["at_least"] \
+                    else labels[2]
+                ci = f" [{c.ci_low:.2f}, {c.ci_high:.2f}] ({stats.level_text(c.level)})"
+            yield arm, keys, c, status, ci
+
+
 def targets_block(name: str, arts: list) -> list[str]:
     """Generated lines: each target's arm / reference ratio (paired Hodges-Lehmann with its interval) and whether
     the target is met (the whole interval at or above it), not met (the whole interval below) or undecided."""
@@ -51,20 +71,10 @@ def targets_block(name: str, arts: list) -> list[str]:
             if a.status == "ok" and t["metric"] in a.metrics:
                 vals[a.grid.arm][(a.grid.cell, a.grid.pass_index)] = stats.run_value(a.metrics[t["metric"]].samples)
         ref = vals.get(t["against"], {})
-        for arm in t["arms"]:
-            for cell in sorted({c for c, _ in vals.get(arm, {})}):
-                keys = sorted(k for k in set(vals[arm]) & set(ref) if k[0] == cell)
-                if not keys:
-                    continue
-                c = stats.compare([vals[arm][k] for k in keys], [ref[k] for k in keys], len(t["arms"]), power=False)
-                if c.ci_low is None or c.ci_high is None:
-                    status, ci = "undecided (too few passes for an interval)", ""
-                else:
-                    status = "met" if c.ci_low >= t["at_least"] else "not met" if c.ci_high < t["at_least"] else \
-                        "undecided (the interval holds the target)"
-                    ci = f" [{c.ci_low:.2f}, {c.ci_high:.2f}] ({stats.level_text(c.level)})"
-                out.append(f"{arm} / {t['against']} {t['metric']}: {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired, "
-                           f"against the target of at least {t['at_least']}x ({t['issue']}): {status}.")
+        for arm, _, c, status, ci in _paired_against(
+                t, vals, ref, ("met", "not met", "undecided (the interval holds the target)")):
+            out.append(f"{arm} / {t['against']} {t['metric']}: {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired, "
+                       f"against the target of at least {t['at_least']}x ({t['issue']}): {status}.")
         out += _forward_bounds(t, arts, ref)
     return out
 
@@ -81,24 +91,14 @@ def _forward_bounds(t: dict, arts: list, ref: dict[tuple[str, int], float]) -> l
         if a.status == "ok" and a.grid.arm in t["arms"] and getattr(a, "attribution", None) is not None \
                 and "forward" in a.attribution.parts and a.attribution.parts["forward"].mean_ms:
             fwd[a.grid.arm][(a.grid.cell, a.grid.pass_index)] = 1000.0 / a.attribution.parts["forward"].mean_ms
+    labels = ("the target is within reach of removing the time outside the forward",
+              "below the target even with no time outside the forward: what is left is inside the forward",
+              "undecided (the interval holds the target)")
     out = []
-    for arm in t["arms"]:
-        for cell in sorted({c for c, _ in fwd.get(arm, {})}):
-            keys = sorted(k for k in set(fwd[arm]) & set(ref) if k[0] == cell)
-            if not keys:
-                continue
-            c = stats.compare([fwd[arm][k] for k in keys], [ref[k] for k in keys], len(t["arms"]), power=False)
-            ms = stats.summarize([1000.0 / fwd[arm][k] for k in keys]).median
-            if c.ci_low is None or c.ci_high is None:
-                status, ci = "undecided (too few passes for an interval)", ""
-            else:
-                status = ("below the target even with no time outside the forward: what is left is inside the "
-                          "forward" if c.ci_high < t["at_least"] else
-                          "the target is within reach of removing the time outside the forward"
-                          if c.ci_low >= t["at_least"] else "undecided (the interval holds the target)")
-                ci = f" [{c.ci_low:.2f}, {c.ci_high:.2f}] ({stats.level_text(c.level)})"
-            out.append(f"{arm} with nothing but its forward ({ms:.1f} ms a step) / {t['against']} {t['metric']}: "
-                       f"at most {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired: {status}.")
+    for arm, keys, c, status, ci in _paired_against(t, fwd, ref, labels):
+        ms = stats.summarize([1000.0 / fwd[arm][k] for k in keys]).median
+        out.append(f"{arm} with nothing but its forward ({ms:.1f} ms a step) / {t['against']} {t['metric']}: "
+                   f"at most {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired: {status}.")
     return out
 
 
