@@ -125,7 +125,8 @@ def settle(quiet_cores: float = 0.1, window_s: float = 0.5, quiet_for_s: float =
     (a vCPU that does not ask to run is not robbed), so watching an idle machine says "quiet" at once, and
     in hardware-ladder's first two series the native llama.cpp runs after an emulated one lost steal. So:
     spin on every CPU for window_s, read steal and other busy time from /proc/stat, and return once every
-    window for quiet_for_s stayed below quiet_cores of steal (at most max_s). Returns what it saw: seconds waited, windows, the largest steal seen, whether it settled."""
+    window for quiet_for_s stayed below quiet_cores of steal (at most max_s). Returns what it saw: seconds
+    waited, windows, the largest steal seen, whether it settled."""
     import time
     t0 = time.time()
     probe = probe or _steal_probe
