@@ -44,7 +44,8 @@ def test_routing_by_number_of_tokens():
 def test_gemv_kernel_matches_aten_linear():
     """fp32 within float rounding of ATen's linear (errors against the largest output); bf16 within one bf16
     rounding of the fp32 product (2^-8); row
-    tails (N not a multiple of 4), K tails (not a multiple of 8), M up to MAX_M + 1, bias, 3-D input."""
+    tails (N not a multiple of 4), K tails (not a multiple of 8), M up to MAX_M + 1, bias, 3-D input; and the C++
+    operator the compiled forward calls routes the same way and traces as one node."""
     got = _in_subprocess("""
 import json, torch
 from runtime import gemv
@@ -67,6 +68,14 @@ for dt in (torch.float32, torch.bfloat16):
 x3 = torch.randn(1, 1, 576)
 w = torch.randn(96, 576)
 assert k(x3, w, None).shape == (1, 1, 96)
+# the dispatcher's operator (what a compiled forward calls): the kernel up to MAX_M tokens, ATen's linear above,
+# traceable as one node (its fake gives the shape)
+op = gemv.traced_op()
+x1, xm = torch.randn(1, 576), torch.randn(gemv.MAX_M + 1, 576)
+assert torch.equal(op(x1, w, None), k(x1, w, None))
+assert torch.equal(op(xm, w, None), torch.nn.functional.linear(xm, w))
+f = torch.compile(lambda x: op(x, w, None) * 2, fullgraph=True, backend="aot_eager")
+assert torch.equal(f(x1), 2 * k(x1, w, None))
 print(json.dumps(worst))
 """)
     assert got["torch.float32"] < 1e-5, got

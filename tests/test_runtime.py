@@ -20,6 +20,19 @@ def test_kv_geometry_hand_computed():
     assert patches.kv_budget(SMOL, 2, 300, 2) == 23040 * (3 * 2 + 1) * 128
 
 
+def test_compile_cache_key_follows_the_runtime_source(tmp_path):
+    # a graph compiled with one version of a patch's operators is never loaded by another version
+    import shutil
+    from harness.engines.vllm import runtime_sources_sha256
+    from harness.paths import PROJECT_ROOT
+    shutil.copytree(PROJECT_ROOT / "runtime", tmp_path / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
+    before = runtime_sources_sha256(tmp_path / "runtime")
+    assert before == runtime_sources_sha256()
+    gemv = tmp_path / "runtime" / "gemv.py"
+    gemv.write_text(gemv.read_text().replace("MAX_M = 4", "MAX_M = 8"))
+    assert runtime_sources_sha256(tmp_path / "runtime") != before
+
+
 def test_selection():
     assert patches.selected({}) == patches.FIXES  # "all": every fix, never an instrument
     assert "step-attribution" in patches.NAMES and "step-attribution" not in patches.FIXES

@@ -82,6 +82,16 @@ def dtype_for_host(isa: dict) -> tuple[str, str]:
 COST_GRID = "runtime-startup"
 
 
+def runtime_sources_sha256(root: Path | None = None) -> str:
+    """sha256 over the runtime package's Python sources (name and bytes of each runtime/*.py, sorted): part of
+    the compile cache's key, since a compiled graph holds the runtime's operators and routing."""
+    from harness.paths import PROJECT_ROOT
+    h = hashlib.sha256()
+    for f in sorted(Path(root or PROJECT_ROOT / "runtime").glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def measured_costs(root: Path | None = None, host_key: str | None = None) -> dict | None:
     """Start-up and decode cost of each (engine_core, eager) configuration, measured on this host (or
     `host_key`) by the newest series of grids/runtime-startup.yaml in the store `root` (default: the
@@ -201,9 +211,11 @@ class Vllm(Engine):
                "kv_cache_memory_bytes": opts.get("kv_cache_memory_bytes"), "warmups": ctx.spec.warmups,
                "repetitions": ctx.spec.repetitions, "weight_files": weight_files,
                "engine_core": opts.get("engine_core", "inprocess"), "observe": ctx.observe}
-        # Per-arm compile cache keyed by the full effective config: arms never load each other's graphs.
-        key = hashlib.sha256(json.dumps({k: v for k, v in cfg.items() if k not in ("repetitions", "warmups", "observe",
-                                                                                   "batch")},
+        # Per-arm compile cache keyed by the full effective config and the runtime's source: arms never load
+        # each other's graphs, and a graph compiled with another version of a patch (its custom ops) is never loaded.
+        key = hashlib.sha256(json.dumps({**{k: v for k, v in cfg.items() if k not in ("repetitions", "warmups",
+                                                                                      "observe", "batch")},
+                                         "runtime_sha256": runtime_sources_sha256()},
                                         sort_keys=True).encode()).hexdigest()[:16]
         cfg["prompts"] = prompts
         cdir = cache_root() / "compile" / key
