@@ -186,6 +186,10 @@ class Attribution(Frozen):
     model_share: float | None = Field(description="mean forward / itl_mean_ms")
     engine_forward_mean_ms: float | None = Field(None, description="the forward as the engine's own timer saw it "
                                                  "(llama.cpp: llama_perf_context eval time), where it has one")
+    inside_forward: dict[str, StepPart] | None = Field(None, description="parts timed inside the forward by the code "
+                                                       "that runs there (linear_kernel: the decode-gemv kernel), "
+                                                       "already counted in forward; absent where none ran")
+    inside_forward_definitions: dict[str, str] | None = None
 
 
 class RunArtifact(EngineStamped):

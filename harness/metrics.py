@@ -107,6 +107,11 @@ STEP_PARTS: dict[str, str] = {
     "rest": "the step's own wall time less every part above: Python or C++ around the calls, queues",
 }
 MODEL_PARTS = ("forward",)
+# timed inside the forward by the code that runs there: already in `forward`, never added to the parts' sum
+INSIDE_FORWARD: dict[str, str] = {
+    "linear_kernel": "the linear layers' matrix-vector kernel alone, LM head included (vLLM with the decode-gemv "
+                     "patch: runtime/gemv.py's kernel timed by its own C++ clock, every call of up to 4 tokens)",
+}
 ATTRIBUTION_DEFINITION = (
     "per decode step (after each request's first token, measured repetitions only), each part's wall time as "
     "the engine timed it inside the step (exclusive: a timed call inside another counts once); itl: the gap "
@@ -119,6 +124,7 @@ def attribution(samples: list[dict], source: str) -> dict | None:
     """The attribution block of a run from its repetitions' per-step records
     (`steps`: [{part: seconds, ..., "step": s, "emitted": n, "first_tokens": n, "end_s": s}]), or None."""
     parts: dict[str, list[float]] = {}
+    inside: dict[str, list[float]] = {}
     engine_forward: list[float] = []
     walls: list[float] = []
     gaps: list[float] = []
@@ -133,6 +139,9 @@ def attribution(samples: list[dict], source: str) -> dict | None:
                 for k in STEP_PARTS:
                     if k in st:
                         parts.setdefault(k, []).append(float(st[k]))
+                for k in INSIDE_FORWARD:
+                    if k in st:
+                        inside.setdefault(k, []).append(float(st[k]))
                 walls.append(float(st["step"]))
                 if "engine_forward" in st:
                     engine_forward.append(float(st["engine_forward"]))
@@ -143,14 +152,21 @@ def attribution(samples: list[dict], source: str) -> dict | None:
     n = len(gaps)
     mean = {k: sum(v) / len(v) for k, v in parts.items()}
     itl = sum(gaps) / n
-    return {"source": source, "definition": ATTRIBUTION_DEFINITION, "steps": n,
-            "parts": {k: {"mean_ms": 1e3 * mean[k], "median_ms": 1e3 * percentile(v, 50),
-                          "p90_ms": 1e3 * percentile(v, 90)} for k, v in parts.items()},
-            "part_definitions": {k: STEP_PARTS[k] for k in parts},
-            "step_mean_ms": 1e3 * sum(walls) / n, "itl_mean_ms": 1e3 * itl, "itl_median_ms": 1e3 * percentile(gaps, 50),
-            "accounted": sum(mean.values()) / itl if itl > 0 else None,
-            "model_share": sum(mean.get(k, 0.0) for k in MODEL_PARTS) / itl if itl > 0 else None,
-            "engine_forward_mean_ms": 1e3 * sum(engine_forward) / len(engine_forward) if engine_forward else None}
+    out = {"source": source, "definition": ATTRIBUTION_DEFINITION, "steps": n,
+           "parts": {k: _part(v) for k, v in parts.items()},
+           "part_definitions": {k: STEP_PARTS[k] for k in parts},
+           "step_mean_ms": 1e3 * sum(walls) / n, "itl_mean_ms": 1e3 * itl, "itl_median_ms": 1e3 * percentile(gaps, 50),
+           "accounted": sum(mean.values()) / itl if itl > 0 else None,
+           "model_share": sum(mean.get(k, 0.0) for k in MODEL_PARTS) / itl if itl > 0 else None,
+           "engine_forward_mean_ms": 1e3 * sum(engine_forward) / len(engine_forward) if engine_forward else None}
+    if inside:
+        out["inside_forward"] = {k: _part(v) for k, v in inside.items()}
+        out["inside_forward_definitions"] = {k: INSIDE_FORWARD[k] for k in inside}
+    return out
+
+
+def _part(v: list[float]) -> dict:
+    return {"mean_ms": 1e3 * sum(v) / len(v), "median_ms": 1e3 * percentile(v, 50), "p90_ms": 1e3 * percentile(v, 90)}
 
 
 # ---- the prompts every engine receives ------------------------------------------------------------------

@@ -79,26 +79,45 @@ def targets_block(name: str, arts: list) -> list[str]:
     return out
 
 
+def _step_ms(a, source: str) -> float | None:
+    """A run's mean ms per decode step of `source`: "forward" (the part) or "linear_kernel" (inside the forward)."""
+    att = getattr(a, "attribution", None)
+    if att is None:
+        return None
+    part = att.parts.get("forward") if source == "forward" else (getattr(att, "inside_forward", None) or {}).get(source)
+    return part.mean_ms if part is not None and part.mean_ms else None
+
+
+BOUNDS = (("forward", "its forward",
+           ("the target is within reach of removing the time outside the forward",
+            "below the target even with no time outside the forward: what is left is inside the forward",
+            "undecided (the interval holds the target)")),
+          ("linear_kernel", "its linear layers' kernel",
+           ("the target is within reach of the kernel alone",
+            "below the target even with nothing but the kernel: the kernel itself is too slow",
+            "undecided (the interval holds the target)")))
+
+
 def _forward_bounds(t: dict, arts: list, ref: dict[tuple[str, int], float]) -> list[str]:
     """For the target's arms that timed their steps: the decode rate each run would reach with nothing but its
-    forward left (1000 / the run's mean forward ms per step: every part outside the forward removed), paired
-    by pass against the reference's decode rate. An upper bound of what removing per-step overhead can give:
-    when even its interval lies below the target, what is left is inside the forward."""
+    forward left (1000 / the run's mean forward ms per step: every part outside the forward removed), and, where
+    the run timed its linear kernel inside the forward, with nothing but that kernel left (every other op of the
+    forward removed too), each paired by pass against the reference's decode rate. Upper bounds of what removing
+    per-step overhead (or everything but the kernel) can give: when even an interval lies below the target, what
+    is left is in what remains."""
     if t["metric"] != "decode_tok_s":
         return []
-    fwd: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
-    for a in arts:
-        if a.status == "ok" and a.grid.arm in t["arms"] and getattr(a, "attribution", None) is not None \
-                and "forward" in a.attribution.parts and a.attribution.parts["forward"].mean_ms:
-            fwd[a.grid.arm][(a.grid.cell, a.grid.pass_index)] = 1000.0 / a.attribution.parts["forward"].mean_ms
-    labels = ("the target is within reach of removing the time outside the forward",
-              "below the target even with no time outside the forward: what is left is inside the forward",
-              "undecided (the interval holds the target)")
     out = []
-    for arm, keys, c, status, ci in _paired_against(t, fwd, ref, labels):
-        ms = stats.summarize([1000.0 / fwd[arm][k] for k in keys]).median
-        out.append(f"{arm} with nothing but its forward ({ms:.1f} ms a step) / {t['against']} {t['metric']}: "
-                   f"at most {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired: {status}.")
+    for source, what, labels in BOUNDS:
+        rate: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
+        for a in arts:
+            ms = _step_ms(a, source) if a.status == "ok" and a.grid.arm in t["arms"] else None
+            if ms:
+                rate[a.grid.arm][(a.grid.cell, a.grid.pass_index)] = 1000.0 / ms
+        for arm, keys, c, status, ci in _paired_against(t, rate, ref, labels):
+            ms = stats.summarize([1000.0 / rate[arm][k] for k in keys]).median
+            out.append(f"{arm} with nothing but {what} ({ms:.1f} ms a step) / {t['against']} {t['metric']}: "
+                       f"at most {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired: {status}.")
     return out
 
 

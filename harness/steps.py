@@ -42,6 +42,9 @@ def steps_block(arts: list, section: dict, best: dict[int, dict[str, float]] | N
         fwd = parts.get("forward")
         gbs = wbytes / (fwd / 1e3) / 1e9 if fwd else None
         bw = (best or {}).get(t, {}).get("read_bandwidth_gb_s")
+        kern = _med([a.attribution.inside_forward["linear_kernel"].mean_ms for a in mine
+                     if a.attribution.inside_forward and "linear_kernel" in a.attribution.inside_forward])
+        kgbs = wbytes / (kern / 1e3) / 1e9 if kern else None
         rows.append({
             "arm": arm, "cell": cell, "cell_short": cell.replace("batch=1,", ""), "engine": a0.engine.name,
             "form": a0.model.form, "threads": t, "n": len(mine), "steps": sum(a.attribution.steps for a in mine),
@@ -56,6 +59,7 @@ def steps_block(arts: list, section: dict, best: dict[int, dict[str, float]] | N
             "forward_bw_share": "no calibration" if not bw else "-" if gbs is None else f"{100 * gbs / bw:.0f}%",
             "decode_bw_share": "no calibration" if not bw else "-" if not itl else
             f"{100 * wbytes / (itl / 1e3) / 1e9 / bw:.0f}%",
+            "kernel_ms": kern, "kernel_bw_share_value": None if kgbs is None or not bw else kgbs / bw,
             "instrumented": True})
     parts_present = [p for p in PARTS if any(r["parts"].get(p) for r in rows)]
     return {"rows": rows, "parts": parts_present, "definitions": {p: STEP_PARTS[p] for p in parts_present},
@@ -77,6 +81,12 @@ def _meaning(rows: list[dict]) -> list[str]:
                    + (f", streaming the weights at {r['forward_bw_share']} of the measured read bandwidth"
                       if r["forward_bw_share_value"] is not None else "")
                    + (f"; the largest other part is {top[0]} ({top[1]:.2f} ms)" if top else "")
+                   + (f"; inside the forward, the linear layers' kernel takes {r['kernel_ms']:.1f} ms"
+                      + (f" (the weights at {100 * r['kernel_bw_share_value']:.0f}% of the read bandwidth)"
+                         if r.get("kernel_bw_share_value") is not None else "")
+                      + f" and everything else in it (attention, norms, rotary, activations and the calls between "
+                        f"them) {r['parts']['forward'] - r['kernel_ms']:.1f} ms"
+                      if r.get("kernel_ms") and r["parts"].get("forward") else "")
                    + ("" if r["within"] else f"; the parts account for only {r['accounted_text']} of it"))
     over = [r["arm"] for r in rows if (r["forward_bw_share_value"] or 0) > 1]
     if over:

@@ -17,6 +17,9 @@ calls inside it) to its part, so nesting never counts twice. Per step:
 - rest:       the step's wall time less all of the above (Python around the calls, queues; IPC when the
               engine core runs in another process, whose parts are then not seen here)
 
+Inside the forward (not added to the parts' sum, already counted in `forward`):
+- linear_kernel: the decode-gemv kernel's own time (runtime/gemv.py's C++ clock), where that patch is applied
+
 Cost: two perf_counter() calls and a list push/pop per wrapped call, ~12 wrapped calls a step.
 """
 
@@ -28,6 +31,7 @@ from typing import Any, Callable
 
 PARTS = ("schedule", "prepare", "forward", "sample", "update", "detokenize", "output")
 ALL_PARTS = PARTS + ("rest",)
+INSIDE_FORWARD = ("linear_kernel",)  # timed inside the forward, by the code that runs there
 MODEL_PARTS = ("forward",)  # the part the weights' bandwidth bounds; every other part is "non-model"
 
 # (module, class, method, part)
@@ -88,17 +92,27 @@ def timed_step(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         _current = dict.fromkeys(PARTS, 0.0)
         _stack.clear()
+        inner0 = _inner_clocks()
         t0 = _clock()
         try:
             return fn(*args, **kwargs)
         finally:
             wall = _clock() - t0
+            inner1 = _inner_clocks()
             rec, _current = _current, None
+            rec.update({k: inner1[k] - inner0[k] for k in inner1 if k in inner0})
             rec["rest"] = wall - sum(rec[p] for p in PARTS)
             rec["step"] = wall
             STEPS.append(rec)
     wrapper.__edge_part__ = "step"  # type: ignore[attr-defined]
     return wrapper
+
+
+def _inner_clocks() -> dict[str, float]:
+    """Cumulative seconds of the clocks kept inside the forward, by name (those loaded in this process)."""
+    from runtime import gemv
+    s = gemv.kernel_seconds()
+    return {} if s is None else {"linear_kernel": s}
 
 
 def _wrap(module: str, cls: str, method: str, wrap: Callable[[Callable], Callable]) -> None:

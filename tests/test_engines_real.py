@@ -22,7 +22,7 @@ arms:
   - {name: vllm-cpu0, engine: vllm, form: hf-fp32, threads: 1, cpus: [0], options: {kv_cache_memory_bytes: 2000000}}
   - {name: vllm-steps, engine: vllm, form: hf-fp32, patches: [all, step-attribution]}
   - {name: llama.cpp-steps, engine: llama.cpp, form: gguf-f32, options: {attribution: true}}
-  - {name: vllm-decode, engine: vllm, form: hf-fp32, patches: [all, decode-gemv, cpu-norm-kernels]}
+  - {name: vllm-decode, engine: vllm, form: hf-fp32, patches: [all, decode-gemv, cpu-norm-kernels, step-attribution]}
 workload: {prompt_len: 32, context_len: 256, gen_len: 8}
 axes: {batch: [1, 2]}
 exclude:
@@ -213,9 +213,15 @@ def test_decode_patches_applied_and_read_back(tiny_store):
     g, n = man["decode-gemv"], man["cpu-norm-kernels"]
     assert g["candidate"] and n["applied"], (g["effect"], n["effect"])
     from runtime.gemv import unavailable
+    at = a["attribution"]
     if unavailable() is not None:  # a CPU without AVX2: the kernel declines, and says why
         assert not g["applied"] and g["effect"]["declined"] == unavailable()
+        assert not at.get("inside_forward")
     else:
+        # the kernel's own clock, read per step by the instrument: inside the forward, never more than it
+        kern, fwd = at["inside_forward"]["linear_kernel"]["mean_ms"], at["parts"]["forward"]["mean_ms"]
+        assert 0 < kern < fwd, (kern, fwd)
+        assert 0.9 <= at["accounted"] <= 1.1  # the kernel is not added to the parts' sum
         assert g["applied"], g["effect"]
         cfg = json.loads((models.form_path("tiny-llama", "hf-fp32") / "config.json").read_text())
         # qkv, o, gate_up and down in every layer, and the token embedding and LM head (vLLM dispatches both, tied)

@@ -103,8 +103,9 @@ def test_forward_bound_says_whether_overhead_outside_the_forward_can_reach_a_tar
     from types import SimpleNamespace as NS
     from harness import report
 
-    def art(arm, p, v, fwd_ms=None):
-        att = None if fwd_ms is None else NS(parts={"forward": NS(mean_ms=fwd_ms)})
+    def art(arm, p, v, fwd_ms=None, kernel_ms=None):
+        inside = None if kernel_ms is None else {"linear_kernel": NS(mean_ms=kernel_ms)}
+        att = None if fwd_ms is None else NS(parts={"forward": NS(mean_ms=fwd_ms)}, inside_forward=inside)
         return NS(status="ok", metrics={"decode_tok_s": NS(samples=[v])}, attribution=att,
                   grid=NS(arm=arm, cell="c", pass_index=p))
     ref = [art("llama.cpp-f32", p, 20.0 + p % 2) for p in range(7)]
@@ -117,6 +118,12 @@ def test_forward_bound_says_whether_overhead_outside_the_forward_can_reach_a_tar
     assert bound[0].endswith("what is left is inside the forward.")
     assert bound[1].startswith("vllm-fp32-both with nothing but its forward")
     assert bound[1].endswith("within reach of removing the time outside the forward.")
+    # an arm whose kernel timed itself inside the forward gets a third line: nothing but the kernel left
+    gemv = [art("vllm-fp32-both", p, 11.0 + 0.1 * p, fwd_ms=60.0 + p, kernel_ms=30.0 + 0.2 * p) for p in range(7)]
+    lines = report.targets_block("runtime-decode", ref + gemv)
+    (kern,) = [ln for ln in lines if "nothing but its linear layers' kernel" in ln]
+    assert kern.startswith("vllm-fp32-both with nothing but its linear layers' kernel (30.6 ms a step)")
+    assert kern.endswith("within reach of the kernel alone.")
     # untimed arms give no bound
     assert not any("nothing but" in ln for ln in report.targets_block("runtime-decode", ref + [
         art("vllm-fp32", p, 8.0) for p in range(7)]))

@@ -23,6 +23,28 @@ def test_only_decode_steps_of_measured_repetitions_count():
     assert set(block["part_definitions"]) == {"forward", "sample", "rest"}
 
 
+def test_time_inside_the_forward_is_reported_not_added():
+    """A clock kept inside the forward (the decode-gemv kernel's) is averaged like a part but never added to
+    the parts' sum: it is already in the forward."""
+    rec = [_step(0.1, 0.05, first=1)] + [{**_step(0.1 + 0.012 * k, 0.010), "linear_kernel": 0.006} for k in (1, 2, 3)]
+    block = metrics.attribution([{"warmup": False, "steps": rec, "requests": []}], "test")
+    assert abs(block["inside_forward"]["linear_kernel"]["mean_ms"] - 6.0) < 1e-9
+    assert abs(block["accounted"] - 11.5 / 12.0) < 1e-9 and "linear_kernel" not in block["parts"]
+    assert set(block["inside_forward_definitions"]) == {"linear_kernel"}
+    assert "inside_forward" not in metrics.attribution([{"warmup": False, "steps": rec[:1] + [_step(0.2, 0.01)],
+                                                         "requests": []}], "test")
+
+
+def test_meaning_splits_the_forward_at_the_kernel():
+    row = {"arm": "vllm", "cell_short": "threads=2", "model_share": 0.9, "itl_ms": 50.0, "forward_bw_share": "55%",
+           "forward_bw_share_value": 0.55, "within": True, "accounted_text": "99.0%", "kernel_ms": 30.0,
+           "kernel_bw_share_value": 0.75, "parts": {"forward": 45.0, "prepare": 1.0}}
+    (line,) = steps._meaning([row])
+    assert line.endswith("; inside the forward, the linear layers' kernel takes 30.0 ms (the weights at 75% of the "
+                         "read bandwidth) and everything else in it (attention, norms, rotary, activations and the "
+                         "calls between them) 15.0 ms")
+
+
 def test_no_steps_no_block():
     assert metrics.attribution([{"warmup": False, "requests": []}], "x") is None
     only_prefill = [{"warmup": False, "steps": [_step(0.1, 0.05, first=1)], "requests": []}]
