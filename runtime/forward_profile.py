@@ -102,7 +102,7 @@ def kernel_alone(llm, rounds: int = 20) -> float:
     kern = gemv.load().linear_small_m
 
     def timed(model):
-        ws = [m.weight for m in model.modules() if hasattr(m, "weight") and isinstance(m.weight, torch.Tensor)
+        ws = [m.weight for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)
               and m.weight.dim() == 2 and type(m).__name__.endswith("Linear")]
         xs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in ws}
         ts = []
@@ -111,18 +111,9 @@ def kernel_alone(llm, rounds: int = 20) -> float:
             for w in ws:
                 kern(xs[w.shape[1]], w, None)
             ts.append(time.perf_counter() - t0)
-        ms = 1e3 * statistics.median(ts)
-        cl = [w.clone() for w in ws]
-        ts = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            for w in cl:
-                kern(xs[w.shape[1]], w, None)
-            ts.append(time.perf_counter() - t0)
-        import os as _os
-        return ms, len(ws), torch.get_num_threads(), 1e3 * statistics.median(ts), _os.sched_getaffinity(0)
-    ms, n, th, ms_clone, aff = llm.apply_model(timed)[0]
-    print(f"  ({n} weights, torch threads {th}, affinity {aff}; on fresh copies of the weights {ms_clone:.2f} ms)")
+        return 1e3 * statistics.median(ts), len(ws), torch.get_num_threads(), sorted(os.sched_getaffinity(0))
+    ms, n, th, aff = llm.apply_model(timed)[0]
+    print(f"  ({n} weights, torch threads {th}, CPUs {aff})")
     return ms
 
 
