@@ -45,13 +45,14 @@ def _paired_against(t: dict, vals: dict[str, dict[tuple[str, int], float]], ref:
                     labels: tuple[str, str, str]):
     """Per target arm and cell: its values paired by pass against the reference's, the comparison (a family of the
     target's arms), the paired keys, the status against the target (labels: met, not met, undecided) and the
-    interval text."""
+    interval text. The family is the target's arms that this series measured (a series may run fewer of them)."""
+    family = max(1, sum(1 for arm in t["arms"] if vals.get(arm)))
     for arm in t["arms"]:
         for cell in sorted({c for c, _ in vals.get(arm, {})}):
             keys = sorted(k for k in set(vals[arm]) & set(ref) if k[0] == cell)
             if not keys:
                 continue
-            c = stats.compare([vals[arm][k] for k in keys], [ref[k] for k in keys], len(t["arms"]), power=False)
+            c = stats.compare([vals[arm][k] for k in keys], [ref[k] for k in keys], family, power=False)
             if c.ci_low is None or c.ci_high is None:
                 status, ci = "undecided (too few passes for an interval)", ""
             else:

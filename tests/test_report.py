@@ -124,6 +124,7 @@ def test_forward_bound_says_whether_overhead_outside_the_forward_can_reach_a_tar
     (kern,) = [ln for ln in lines if "nothing but its linear layers' kernel" in ln]
     assert kern.startswith("vllm-fp32-both with nothing but its linear layers' kernel (30.6 ms a step)")
     assert kern.endswith("within reach of the kernel alone.")
+    assert "(95%)" in kern  # the family is the target's arms the series measured: one here
     # untimed arms give no bound
     assert not any("nothing but" in ln for ln in report.targets_block("runtime-decode", ref + [
         art("vllm-fp32", p, 8.0) for p in range(7)]))
