@@ -7,13 +7,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from harness.errors import UserError
 
 SCHEMA_VERSION = 2
+
+
+def _path_name(v: str) -> str:
+    """A name the report and the store turn into a path component (harness.paths.name_problem)."""
+    from harness.paths import name_problem
+    why = name_problem(v)
+    if why:
+        raise ValueError(f"cannot be a file name: {why}")
+    return v
+
+
+PathName = Annotated[str, AfterValidator(_path_name)]
 
 
 class Frozen(BaseModel):
@@ -31,7 +44,7 @@ class Metric(Frozen):
 class GridRef(Frozen):
     path: str
     sha256: str
-    name: str
+    name: PathName
     cell: str
     cell_params: dict[str, Any]
     arm: str
@@ -142,6 +155,13 @@ class Host(BaseModel):
     cpu: dict[str, Any]
     memory: dict[str, Any]
 
+    @model_validator(mode="after")
+    def _machine_key(self) -> "Host":
+        mk = getattr(self, "machine_key", None)  # an emulated run's machine: a path component of the report
+        if mk is not None and not (isinstance(mk, str) and re.fullmatch(r"[0-9a-f]{12}", mk)):
+            raise ValueError("machine_key: must be 12 hex digits (a host key)")
+        return self
+
     def get(self, name: str, default: Any = None) -> Any:
         return getattr(self, name, default)
 
@@ -209,7 +229,7 @@ class RunArtifact(EngineStamped):
 class FidelityGridRef(Frozen):
     path: str
     sha256: str
-    name: str
+    name: PathName
     build: str = Field(description="the build's name in the fidelity grid")
 
 

@@ -145,6 +145,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
     from harness import report
     text, sections, ctx = report.build_all(args.store)
+    for line in ctx["left_out"]:
+        print(f"left out (harness check refuses it): {line}", file=sys.stderr)
     docs = [(path, report.readme_text(path, ctx)) for path in (args.readme or [])]
     if args.check:
         stale = 0

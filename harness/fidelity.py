@@ -231,7 +231,7 @@ def _model_block(g: FidelityGrid, form: str | None, path: str | None = None) -> 
                  "files": [{"path": str(fp), "size": fp.stat().st_size, "sha256": sha256_file(fp)}]}, fp)
     assert form is not None
     try:
-        return models.model_block(g.model, form), models.form_path(g.model, form)
+        return models.loaded_block(g.model, form), models.form_path(g.model, form)
     except UserError as e:
         raise UserError(g.path, f"form {form!r}: {e.problem}", e.fix) from None
 

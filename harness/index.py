@@ -80,6 +80,7 @@ def build(root: str | Path) -> Path:
     table = pa.table(rows, schema=SCHEMA.with_metadata({FINGERPRINT_KEY: fingerprint(paths, root).encode()}))
     ip = index_path(root)
     tmp = ip.with_name(f".index.tmp{os.getpid()}.parquet")
+    tmp.unlink(missing_ok=True)  # a link planted under this name is removed, never written through
     pq.write_table(table, tmp)
     os.replace(tmp, ip)
     return ip

@@ -458,6 +458,37 @@ def model_block(name: str, form: str) -> dict:
             "files": [{"path": rel, "size": i["size"], "sha256": i["sha256"]} for rel, i in sorted(files.items())]}
 
 
+def loaded_block(name: str, form: str) -> dict:
+    """The model block of what a run is about to load: every file of the form hashed now (through the hash
+    cache keyed by path, size, mtime and inode, so an unchanged file is not re-read; any change re-hashes it)
+    and compared with the manifest. A file whose size or content is not the manifest's is refused before the
+    engine starts, naming the file and both hashes; the block records the hashes of the files as read."""
+    from harness.hashcache import HashCache
+    block = model_block(name, form)
+    root = model_dir(name)
+    cache = HashCache.default()
+    files = []
+    try:
+        for f in block["files"]:
+            p = root / f["path"]
+            fix = f"rebuild it: `harness models prepare --rebuild {name}`"
+            try:
+                size = p.stat().st_size
+                digest = cache.sha256(p) if size == f["size"] else None
+            except OSError as e:
+                raise UserError(str(p), f"unreadable: {e.strerror} (model {name}, form {form})", fix) from None
+            if digest is None:
+                raise UserError(str(p), f"size {size} is not the manifest's {f['size']} (model {name}, form {form})",
+                                fix)
+            if digest != f["sha256"]:
+                raise UserError(str(p), f"sha256 {digest} is not the manifest's {f['sha256']} (model {name}, "
+                                f"form {form}: the file changed since it was prepared)", fix)
+            files.append({"path": f["path"], "size": size, "sha256": digest})
+    finally:
+        cache.save()
+    return {**block, "files": files}
+
+
 def listing(names: list[str] | None = None) -> list[dict]:
     rows = []
     for name in names or sorted(MODELS):

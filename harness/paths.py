@@ -53,3 +53,50 @@ def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
                 break
             h.update(b)
     return h.hexdigest()
+
+
+MAX_NAME_BYTES = 100  # a name that becomes a path component (grid, arm, plot); filesystems allow 255
+
+
+def name_problem(name: object) -> str | None:
+    """Why a name cannot be one path component of the harness's own (a store's grid folder, a plot, a page),
+    or None. Refused: not a string, empty, `.`/`..`, a separator, NUL or another control character, a leading
+    `-` (read as an option), more than MAX_NAME_BYTES bytes."""
+    if not isinstance(name, str) or not name:
+        return "empty or not a string"
+    if name in (".", ".."):
+        return f"{name!r} names a folder, not a file"
+    if "/" in name or "\\" in name:
+        return "holds a path separator"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "holds a control character"
+    if name.startswith("-"):
+        return "starts with '-'"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"longer than {MAX_NAME_BYTES} bytes"
+    return None
+
+
+def safe_component(name: object, what: str) -> str:
+    """`name` when it can be a path component (name_problem), else a one-line UserError naming `what`."""
+    from harness.errors import UserError
+    why = name_problem(name)
+    if why:
+        raise UserError(what, f"{str(name)[:60]!r} cannot be a file name: {why}",
+                        "use letters, digits, '.', '-' and '_' (at most 100 bytes)")
+    return name  # type: ignore[return-value]
+
+
+def contained(base: Path, *parts: str) -> Path:
+    """base/parts..., refused (one-line UserError) when it resolves outside `base`: no name derived from an
+    artifact or a grid may place a file elsewhere, through `..` or through a link planted under `base`."""
+    from harness.errors import UserError
+    path = Path(base).joinpath(*parts)
+    root = Path(base).resolve()
+    try:
+        inside = path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a link loop
+        inside = False
+    if not inside:
+        raise UserError(str(path), f"resolves outside {base}", "names taken from artifacts must stay inside their folder")
+    return path

@@ -9,8 +9,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from harness.artifact import RunArtifact
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
 from harness.probe import describe
-from harness.store import Store, gc_paused, load_path
+from harness.paths import safe_component
+from harness.store import Store, gc_paused, load_path, read_bytes
 
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
@@ -298,25 +300,48 @@ def aa_calibration(an: analysis.SeriesAnalysis) -> list[dict]:
 @dataclass
 class Collected:
     """What a set of stores holds: run artifacts by grid, fidelity artifacts by fidelity grid (references
-    are read through them), calibration artifacts, and the store each artifact was read from."""
+    are read through them), calibration artifacts, and the store each artifact was read from; `left_out`:
+    one `path: field: reason` line per file the report did not read because `harness check` refuses it."""
     runs: dict[str, list[RunArtifact]]
     fidelity: dict[str, list]
     calibrations: list
     where: dict[str, str]
     references: list
+    left_out: list[str] = field(default_factory=list)
+
+
+def printable(text: str) -> str:
+    """A line from a store (a file name, an error) safe to print in markdown: control characters as `?`."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
 def collect(store_dirs: list[str]) -> Collected:
+    """Read the stores through the one door check also uses: a file that is not a plain, bounded, valid
+    artifact whose id matches its bytes, or that check refuses (check.accepted), is left out and named in
+    `left_out`, never rendered."""
+    from harness.check import accepted
     by_grid: dict[str, list[RunArtifact]] = defaultdict(list)
     fidelity: dict[str, list] = defaultdict(list)
     calibrations = []
     where: dict[str, str] = {}
     references = []
+    left_out: list[str] = []
     for d in store_dirs:
         st = Store(Path(d))
         # references (large) are read through their fidelity artifacts, never rendered
         paths = [p for p in st.iter_paths() if p.parent.parent.name != "quality"]
-        for a in map(load_path, paths):
+        left_out += st.left_out
+        loaded = []
+        for p in paths:
+            try:
+                loaded.append((load_path(p, verify_id=True), str(p)))
+            except UserError as e:
+                left_out.append(str(e))
+        # every content rule of check; the tree state aside (a dirty tree's run is a real run, and the published
+        # store's tree state is gated by `harness check` in CI)
+        ok, refused = accepted(loaded, tree_state=False)
+        left_out += refused
+        for a in ok:
             where.setdefault(a.id, str(d))
             if a.kind == "run":
                 by_grid[a.grid.name].append(a)
@@ -326,7 +351,8 @@ def collect(store_dirs: list[str]) -> Collected:
                 calibrations.append(a)
             else:
                 references.append(a)
-    return Collected(dict(sorted(by_grid.items())), dict(sorted(fidelity.items())), calibrations, where, references)
+    return Collected(dict(sorted(by_grid.items())), dict(sorted(fidelity.items())), calibrations, where, references,
+                     left_out)
 
 
 # The speed grids whose builds are set against the machine's ceiling (when they are in the store).
@@ -554,31 +580,45 @@ def _plots_code_hash() -> str:
 def write_plots(sections: list[dict], out_dir: Path) -> tuple[list[Path], list[Path]]:
     """Draw the plots the markdown names (plot_names) whose data changed since they were drawn (the hash of
     their data is recorded in plots.json beside them); matplotlib is imported only when one must be drawn.
-    (drawn, unchanged)."""
+    Every plot path is built by paths.contained: a name that is not one file name, or that would resolve
+    outside out_dir, is refused (drawn) or never touched (a stale name read from plots.json). (drawn, unchanged)."""
+    from harness.paths import contained, name_problem
     record_path = out_dir / PLOT_HASHES
     try:
-        record = json.loads(record_path.read_text())
-    except (OSError, ValueError):
+        record = json.loads(read_bytes(record_path, limit=1 << 20))
+        if not isinstance(record, dict):
+            record = {}
+    except (UserError, ValueError):
         record = {}
     drawn, kept, new_record = [], [], {}
     for sec in sections:
         for name in sec["plots"]:
+            path = contained(out_dir, safe_component(name, f"plot of grid {sec['name']}"))
             h = _plot_data_hash(sec, name)
             new_record[name] = h
-            if record.get(name) == h and (out_dir / name).exists():
-                kept.append(out_dir / name)
+            if record.get(name) == h and path.is_file() and not path.is_symlink():
+                kept.append(path)
                 continue
             from harness import plots
             from harness import context, scale, steps
             draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep, "-scale.png": scale.plot,
                     "-steps.png": steps.plot, "-context.png": context.plot}
             fn = next(f for suffix, f in draw.items() if name.endswith(suffix))
+            if path.is_symlink():  # never draw through a link planted beside the report
+                path.unlink()
             fn(sec, out_dir)
-            drawn.append(out_dir / name)
+            drawn.append(path)
     for name in set(record) - set(new_record):  # a plot the markdown no longer names is removed
-        (out_dir / name).unlink(missing_ok=True)
+        if name_problem(name) is None and name.endswith(".png"):  # only a plot's own name, never a path
+            try:
+                contained(out_dir, name).unlink(missing_ok=True)
+            except UserError:
+                pass
     if new_record != record:
-        record_path.write_text(json.dumps(new_record, indent=1, sort_keys=True) + "\n")
+        tmp = record_path.with_name(f".{PLOT_HASHES}.tmp{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.write_text(json.dumps(new_record, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, record_path)  # replaces a link in its place, never writes through it
     return drawn, kept
 
 
@@ -620,6 +660,7 @@ def _build_all(store_dirs: list[str], template: str) -> tuple[str, list[dict], d
             sec["plots"] = plot_names(sec)
             sections.append(sec)
     ctx = {"sections": sections, "fidelity": fsections, "ceilings": ceiling, "stores": store_dirs,
+           "left_out": [printable(line) for line in c.left_out],
            "hosts": hosts_rows(c), "across_hosts": across_hosts(sections)}
     return _env().get_template(template).render(**ctx), sections, ctx
 

@@ -6,7 +6,10 @@ with their error, and a grid whose file changed since its runs began is not mixe
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
+import stat
 import statistics
 import sys
 import tempfile
@@ -75,7 +78,7 @@ def _model_block(model: str, form: str) -> tuple[dict, dict[str, Path]]:
         return {"name": model, "form": "none", "source": {"none": "command engine"}, "format": "none",
                 "dtype": "none", "parameters": 1, "files": []}, {}
     root = models.ensure(model)
-    block = models.model_block(model, form)
+    block = models.loaded_block(model, form)  # hashed now; a file that is not the manifest's is refused
     weights = {f["path"]: root / f["path"] for f in block["files"] if f["path"].endswith((".gguf", ".safetensors"))}
     return block, weights
 
@@ -264,11 +267,22 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
 
 def _lock(store: Store, spec: grid.GridSpec):
     """One `harness run` per grid and store at a time: two would measure under each other's load
-    and run the same pass twice."""
+    and run the same pass twice. The lock file is opened without following a link and never truncated
+    (a `.lock` planted in a store as a link to another file must not empty that file)."""
     import fcntl
     d = store.grid_dir(spec.name)
-    d.mkdir(parents=True, exist_ok=True)
-    f = open(d / ".lock", "w")
+    path = d / ".lock"
+    try:
+        store._mkdir(d)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        why = "is a symlink" if e.errno == errno.ELOOP else f"cannot be opened: {e.strerror}"
+        raise UserError(str(path), why, "remove it (a lock is a plain file the runner creates) or make the store "
+                        "writable") from None
+    f = os.fdopen(fd, "r+b")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise UserError(str(path), "is not a regular file", "remove it; the runner creates its own lock")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -1,42 +1,156 @@
 """The artifact store: artifacts/<grid-name>/<artifact-id>.json, written atomically, never overwritten.
 
-Reading is strict: a file that does not parse or validate is reported, never repaired.
+A store is untrusted input (a CI check reads artifacts from a pull request): this module is the one
+layer that reads and writes it. Reading opens only regular files inside the store (never a link, a FIFO,
+a device), reads at most MAX_ARTIFACT_BYTES and JSON nested at most MAX_DEPTH deep, and turns every OS
+error into one line; writing builds every path from validated names (paths.safe_component), refuses a
+path that resolves outside the store, and never follows a link planted in it. Reading is strict: a file
+that does not parse or validate is reported, never repaired.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import os
+import stat
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from harness.artifact import RunArtifact, dumps, parse
 from harness.errors import UserError
-from harness.paths import read_utf8
+from harness.paths import contained, safe_component
+
+MAX_ARTIFACT_BYTES = 16 << 20  # the largest published artifact (a fidelity reference) is under 1 MiB
+MAX_DEPTH = 64  # published artifacts nest 7 deep
+
+_O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def read_bytes(path: Path, limit: int = MAX_ARTIFACT_BYTES, fix: str = "remove it from the store") -> bytes:
+    """A store file's bytes: a regular file (not a link, FIFO or device), at most `limit` bytes; anything else
+    is a one-line UserError naming the file. Opened without following a link and without blocking on a FIFO."""
+    try:
+        fd = os.open(path, _O_READ)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UserError(str(path), "is a symlink; a store holds plain files only", fix) from None
+        raise UserError(str(path), f"unreadable: {e.strerror}", "check the path and its permissions") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(str(path), "not a regular file (a FIFO, device or socket in a store)", fix)
+        if st.st_size > limit:
+            raise UserError(str(path), f"{st.st_size} bytes, more than the {limit} an artifact may have", fix)
+        chunks, n = [], 0
+        while True:
+            b = os.read(fd, min(1 << 20, limit + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+            if n > limit:  # grew while read
+                raise UserError(str(path), f"more than the {limit} bytes an artifact may have", fix)
+        return b"".join(chunks)
+    except OSError as e:
+        raise UserError(str(path), f"unreadable: {e.strerror}", "check the path and its permissions") from None
+    finally:
+        os.close(fd)
+
+
+def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON text nests deeper than `limit` (brackets outside strings counted; a linear scan, no parse)."""
+    depth = 0
+    in_str = esc = False
+    for c in raw:
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 0x5C:  # backslash
+                esc = True
+            elif c == 0x22:
+                in_str = False
+        elif c == 0x22:
+            in_str = True
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def walk(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The artifact files (*.json, not temporaries) under a store folder, sorted, and the entries that are not
+    plain files or folders (links, FIFOs, devices), each with why it is left out. Links are never followed."""
+    files: list[Path] = []
+    odd: list[tuple[Path, str]] = []
+
+    def onerror(e: OSError) -> None:
+        odd.append((Path(e.filename or root), f"unreadable: {e.strerror}"))
+
+    for d, dirs, names in os.walk(root, onerror=onerror, followlinks=False):
+        base = Path(d)
+        for n in list(dirs):
+            if (base / n).is_symlink():
+                odd.append((base / n, "is a symlink; a store holds plain files only"))
+                dirs.remove(n)
+        dirs.sort()
+        for n in names:
+            if not n.endswith(".json") or n.startswith(".tmp-"):
+                continue
+            p = base / n
+            try:
+                mode = os.lstat(p).st_mode
+            except OSError as e:
+                odd.append((p, f"unreadable: {e.strerror}"))
+                continue
+            if stat.S_ISLNK(mode):
+                odd.append((p, "is a symlink; artifacts are plain files"))
+            elif not stat.S_ISREG(mode):
+                odd.append((p, "not a regular file (a FIFO, device or socket in a store)"))
+            else:
+                files.append(p)
+    files.sort(key=os.fspath)
+    return files, odd
 
 
 @dataclass
 class Store:
     root: Path
+    # entries iter_paths left out (links, FIFOs, unreadable folders), one `path: reason` line each
+    left_out: list[str] = field(default_factory=list)
 
     def grid_dir(self, grid_name: str) -> Path:
-        return self.root / grid_name
+        return contained(self.root, safe_component(grid_name, "grid.name"))
 
     def path_for(self, a: RunArtifact) -> Path:
-        return self.grid_dir(a.grid.name) / f"{a.id}.json"
+        return contained(self.root, safe_component(a.grid.name, "grid.name"), f"{safe_component(a.id, 'id')}.json")
 
     def write(self, a: RunArtifact) -> Path:
-        """Atomic: temporary file, fsync, rename. An existing artifact is never overwritten."""
+        """Atomic: temporary file, fsync, link. An existing artifact is never overwritten, a link planted in the
+        store is never followed, and an OS error (full disk, read-only store, a name too long) is one line."""
         dest = self.path_for(a)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists():
+        try:
+            return self._write(a, dest)
+        except OSError as e:
+            raise UserError(str(dest), f"cannot write the artifact: {e.strerror}",
+                            "free disk space or make the store writable, then run again to resume") from None
+
+    def _write(self, a: RunArtifact, dest: Path) -> Path:
+        self._mkdir(dest.parent)
+        if os.path.lexists(dest):
+            if not stat.S_ISREG(os.lstat(dest).st_mode):
+                raise UserError(str(dest), "is not a regular file (a link or device where an artifact belongs)",
+                                "remove it from the store")
             return dest  # same id means same content: nothing to do
         data = dumps(a).encode()
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=dest.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=dest.parent)  # O_EXCL: never a link
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -54,11 +168,24 @@ class Store:
             os.close(dfd)
         return dest
 
+    def _mkdir(self, d: Path) -> None:
+        """Create a grid folder in the store; a link (or file) in its place is refused, never followed."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(d) and not stat.S_ISDIR(os.lstat(d).st_mode):
+            raise UserError(str(d), "is not a folder (a link or file where a grid's folder belongs)",
+                            "remove it from the store")
+        d.mkdir(exist_ok=True)
+
     def iter_paths(self, grid_name: str | None = None) -> Iterator[Path]:
         base = self.grid_dir(grid_name) if grid_name else self.root
-        if not base.exists():
+        if not os.path.lexists(base):
             return
-        yield from sorted((p for p in base.rglob("*.json") if not p.name.startswith(".tmp-")), key=os.fspath)
+        if os.path.islink(base):
+            self.left_out.append(f"{base}: is a symlink; a store holds plain files only")
+            return
+        files, odd = walk(base)
+        self.left_out += [f"{p}: {why}" for p, why in odd]
+        yield from files
 
     def load_grid(self, grid_name: str) -> list[RunArtifact]:
         with gc_paused():
@@ -80,21 +207,38 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def load_path(path: Path) -> RunArtifact:
+def _non_finite(name: str):
+    raise ValueError(f"{name} is not a number an artifact may hold (ids are computed without NaN or infinity)")
+
+
+def load_path(path: Path, verify_id: bool = False) -> RunArtifact:
+    """One artifact, read through read_bytes (regular file, bounded) and parsed strictly; any problem is one line.
+    `verify_id`: also refuse a document that does not hash to its id (an edited artifact)."""
     import pydantic_core
+    raw = read_bytes(path, fix="restore the artifact from git")
+    if too_deep(raw):
+        raise UserError(str(path), f"JSON nested more than {MAX_DEPTH} deep", "restore the artifact from git")
     try:  # the fast parser; anything it refuses is read again below, for the standard library's error
-        doc = pydantic_core.from_json(path.read_bytes(), allow_inf_nan=False)
-    except (OSError, ValueError):
-        text = read_utf8(path, "restore the artifact from git")
+        doc = pydantic_core.from_json(raw, allow_inf_nan=False)
+    except ValueError:
         try:
-            doc = json.loads(text)
-        except ValueError as e:
-            raise UserError(str(path), f"invalid JSON: {e}", "restore the artifact from git (truncated?)") from e
+            doc = json.loads(raw.decode("utf-8"), parse_constant=_non_finite)
+        except UnicodeDecodeError as e:
+            raise UserError(str(path), f"not UTF-8 at byte {e.start}", "restore the artifact from git") from None
+        except (ValueError, RecursionError) as e:
+            raise UserError(str(path), f"invalid JSON: {e}", "restore the artifact from git (truncated?)") from None
+    if verify_id:
+        from harness.artifact import id_matches
+        try:
+            good = isinstance(doc, dict) and id_matches(doc, finite=True)
+        except (ValueError, TypeError):
+            good = False
+        if not good:
+            raise UserError(str(path), "id: does not match the content", "restore the artifact from git")
     from pydantic import ValidationError
     try:
         return parse(doc, str(path))
     except ValidationError as e:
         err = e.errors()[0]
-        field = ".".join(str(x) for x in err["loc"])
-        raise UserError(str(path), f"{field}: {err['msg']}", "restore the artifact from git") from e
-
+        fld = ".".join(str(x) for x in err["loc"])
+        raise UserError(str(path), f"{fld}: {err['msg']}", "restore the artifact from git") from None
