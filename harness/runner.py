@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import artifact, emulate, grid, hardware, lifecycle, llamacpp_build, models, provenance
-from harness.check import read_back_problems
+from harness.check import accepted, read_back_problems
 from harness.engines import get_engine
 from harness.engines.base import EngineResult, RunContext
 from harness.errors import UserError
@@ -53,7 +53,11 @@ def existing(store: Store, spec: grid.GridSpec, new_series: bool = False,
     other_sha = set()
     other_hosts = 0
     with gc_paused():
-        arts = [load_path(p) for p in store.iter_paths(spec.name)]
+        loaded = [(load_path(p, verify_id=True), str(p)) for p in store.iter_paths(spec.name)]
+    # only what check accepts counts as done: a planted or edited "ok" artifact never stands in for a run
+    arts, refused = accepted(loaded, tree_state=False)
+    for line in [*store.left_out, *refused]:
+        print(f"[harness] not counted as done (harness check refuses it): {line}", file=sys.stderr)
     for a in arts:
         if a.host.key not in keys:
             other_hosts += 1

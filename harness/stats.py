@@ -197,10 +197,15 @@ def compare(arm: list[float], base: list[float], m_family: int = 1, power: bool 
     """Arm vs baseline, paired by pass (ratio arm/base per pass), in a family of m verdicts. `power`: compute
     the detectable effect where the verdict would be "no difference" (a seeded simulation)."""
     a, b = np.asarray(arm, float), np.asarray(base, float)
-    logs = np.log(a / b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(a / b)
     n = len(logs)
     m_family = max(1, m_family)
     alpha = ALPHA / m_family
+    if not np.all(np.isfinite(logs)):  # a zero, negative, NaN or infinite value: no ratio, no interval, no verdict
+        return Comparison(n_pairs=n, ratio=float("nan"), ci_low=None, ci_high=None, level=1 - alpha, achieved=None,
+                          p_value=1.0, p_adjusted=1.0, m_family=m_family, detectable=None,
+                          warnings=(NOT_FINITE,))
     est, lo, hi, achieved = interval(logs, alpha)
     p = signed_rank_p(logs) if n else 1.0
     warnings = []
@@ -217,8 +222,13 @@ def compare(arm: list[float], base: list[float], m_family: int = 1, power: bool 
                       detectable=detectable_effect(logs, alpha) if power and null_inside else None, warnings=tuple(warnings))
 
 
+NOT_FINITE = "a per-pass ratio is not a finite positive number (a zero, negative, NaN or infinite value)"
+
+
 def verdict(c: Comparison, higher_is_better: bool) -> str:
     """Read from the comparison's one interval: it excludes 1 (better or worse), or it does not."""
+    if NOT_FINITE in c.warnings:
+        return f"undetermined: {NOT_FINITE}"
     if not c.has_interval:
         return (f"undetermined: {c.n_pairs} passes cannot give a {level_text(c.level)} interval "
                 f"(family of {c.m_family}); run at least {passes_needed(c.m_family)} passes")

@@ -239,3 +239,13 @@ def test_the_runner_hashes_what_it_loads(fake_model, monkeypatch):
     monkeypatch.setattr(models, "loaded_block", lambda n, f: calls.append((n, f)) or real(n, f))
     block, weights = runner._model_block("m", "gguf-f32")
     assert calls == [("m", "gguf-f32")] and block["files"][0]["sha256"] == fake_model[1]["files"]["m.gguf"]["sha256"]
+
+
+@pytest.mark.parametrize("bad", [0.0, float("nan"), float("inf"), -1.0])
+def test_no_verdict_is_read_from_a_non_finite_ratio(bad):
+    from harness import stats
+    arm = [2.0] * 11
+    arm[3] = bad
+    c = stats.compare(arm, [1.0] * 11)
+    assert not c.has_interval and stats.verdict(c, True).startswith("undetermined: a per-pass ratio is not")
+    assert stats.verdict(stats.compare([2.0] * 11, [1.0] * 11), True) == "better"  # the same data, finite
