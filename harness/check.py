@@ -1,12 +1,18 @@
-"""`harness check`: every artifact valid, its provenance complete, its id matching its content.
+"""`harness check`: every artifact valid, its provenance complete, its id matching its content, and its figures
+consistent with each other (settings with the engine's read-back, samples with the workload and the run's
+timing, the cell with its parameters, the CPUs with the host).
 
 One line per problem, `path: field: reason`. Reads only; never changes a file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
+import re
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
@@ -75,7 +81,7 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
               finite: bool = False) -> list[str]:
     """Problems with one parsed JSON document (field checks on its migrated form). `finite`: the strict parser
     read it (no NaN or infinity), so the id may be verified the fast way first."""
-    problems = []
+    problems: list[str] = []
     if not isinstance(doc, dict):
         return [f"{where}: (top level): not a JSON object"]
     try:
@@ -94,6 +100,51 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
     name = Path(where).name
     if name.endswith(".json") and name[:-5] != doc.get("id"):
         problems.append(f"{where}: id: file name is not <id>.json")
+    problems += _content_problems(doc, a, where, allow_unknown_commit)
+    if verify_models and getattr(a, "model", None) is not None and a.model.files:
+        problems += _check_model_files(a, where)
+    return problems
+
+
+def problems_of(a: Any, where: str, allow_unknown_commit: bool = False, tree_state: bool = True) -> list[str]:
+    """What `harness check` finds in one parsed artifact (an artifact object as harness.store.load_path or
+    harness.artifact.parse returns it: RunArtifact, FidelityArtifact, ReferenceArtifact, CalibrationArtifact),
+    one `where: field: reason` line per problem; [] when check accepts it.
+
+    Applies every rule check_doc applies to a single artifact's content: required provenance, host key,
+    emulation evidence, harness tree state (unless `tree_state` is False: then neither an unknown commit nor a
+    dirty tree is a problem; `allow_unknown_commit` as for `harness check`), enforced settings, and the
+    consistency rules (settings against the engine's read-back, sample counts against the workload, samples
+    against the run's timing, finite and plausibly signed samples, the cell id against its parameters,
+    threads and CPUs against the affinity and the host). Cheap and pure: no file is read, no model file is
+    hashed (as `harness check --no-model-hashes`). Not applied, because a parsed object no longer has what
+    they need: the id against the file's bytes (load_path parsed, and migrated, what was on disk: run
+    `harness check` on the files for that), the file name, and the rules across artifacts (duplicate ids, a
+    fidelity artifact's reference). Never raises for a well-typed artifact."""
+    doc = a.model_dump(mode="json")
+    return _content_problems(doc, a, where, allow_unknown_commit, tree_state)
+
+
+def accepted(artifacts: Iterable[tuple[Any, str]], allow_unknown_commit: bool = False,
+             tree_state: bool = True) -> tuple[list[Any], list[str]]:
+    """Filter parsed artifacts to those check accepts: from (artifact, where) pairs (where: its path, named in
+    the problem lines), (the accepted artifacts in their given order, the problem lines of the refused ones).
+    An artifact is refused when problems_of finds anything in it; see problems_of for what is and is not
+    checked (no id-against-bytes, no model hashes, no cross-artifact rules)."""
+    ok, lines = [], []
+    for a, where in artifacts:
+        probs = problems_of(a, where, allow_unknown_commit, tree_state)
+        if probs:
+            lines += probs
+        else:
+            ok.append(a)
+    return ok, lines
+
+
+def _content_problems(doc: dict, a: Any, where: str, allow_unknown_commit: bool = False,
+                      tree_state: bool = True) -> list[str]:
+    """The rules on one artifact's content: `doc` its migrated JSON form, `a` the parsed artifact."""
+    problems: list[str] = []
     always, when_ok = REQUIRED[a.kind]
     needed = list(always)
     if not a.host.identity.status.startswith("legacy"):
@@ -120,12 +171,12 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
         problems.append(f"{where}: host.key: {a.host.key} does not match the host block (it hashes to "
                         f"{host_key(doc['host'])})")
     problems += _emulation_problems(doc, a, where)
-    if a.harness.commit.startswith("unknown") or a.harness.dirty is None:
+    if tree_state and (a.harness.commit.startswith("unknown") or a.harness.dirty is None):
         if not allow_unknown_commit:
             problems.append(f"{where}: harness.commit: {a.harness.commit!r}, tree state "
                             f"{'unknown' if a.harness.dirty is None else 'known'}: published artifacts come from a "
                             "clean git checkout (pass --allow-unknown-commit to accept an install without git)")
-    elif a.harness.dirty:
+    elif tree_state and a.harness.dirty:
         problems.append(f"{where}: harness.dirty: written by a dirty tree ({', '.join(a.harness.dirty_files[:3])}); "
                         "published artifacts come from clean trees")
     if a.kind == "fidelity" and a.status == "ok" and not a.cross_engine and not a.thresholds:
@@ -135,8 +186,7 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
             if not m.samples:
                 problems.append(f"{where}: metrics.{mname}.samples: empty (raw samples are required)")
         problems += read_back_problems(a, where)
-    if verify_models and getattr(a, "model", None) is not None and a.model.files:
-        problems += _check_model_files(a, where)
+    problems += consistency_problems(a, where)
     return problems
 
 
@@ -163,6 +213,44 @@ def _emulation_problems(doc: dict, a: Any, where: str) -> list[str]:
                        "or unverified: why)")
         elif a.status == "ok" and any(str(c["status"]).startswith("unverified") for c in rec["caps"].values()):
             out.append(f"{where}: execution.emulation.caps: an ok run left a cap unverified")
+        else:
+            out += _cap_evidence_problems(a, rec, where)
+    return out
+
+
+def _cap_evidence_problems(a: Any, rec: dict, where: str) -> list[str]:
+    """Each cap's status against its own evidence (harness/emulate.py, record): cores emulated means the engine
+    ran on at most the class's cores, as execution.settings.cpus read back; memory emulated means the memory
+    available at engine start was the class's within emulate.MEMORY_TOLERANCE; `emulated` means every cap was;
+    and no run uses more threads or CPUs than the class has cores."""
+    out, caps = [], rec["caps"]
+    f = f"{where}: execution.emulation"
+    cores, mem = caps.get("cores") or {}, caps.get("memory") or {}
+    n = cores.get("requested")
+    if isinstance(n, int) and not isinstance(n, bool):
+        ex = a.execution
+        if ex.threads > n or len(ex.cpu_affinity) > n:
+            out.append(f"{f}.caps.cores: the class has {n} cores, the run used {ex.threads} threads on "
+                       f"{len(ex.cpu_affinity)} CPU(s)")
+        if cores.get("status") == "emulated":
+            eff = cores.get("effective")
+            read = ((ex.settings or {}).get("cpus") or {}).get("effective")
+            if not isinstance(eff, list) or not 0 < len(eff) <= n:
+                out.append(f"{f}.caps.cores: status emulated, but the engine ran on {eff!r} (the class has {n} cores)")
+            elif ex.settings is not None and eff != read:
+                out.append(f"{f}.caps.cores.effective: {eff}, but the engine's affinity as read back "
+                           f"(execution.settings.cpus.effective) is {read!r}")
+    if mem.get("status") == "emulated":
+        want, avail = mem.get("requested_bytes"), mem.get("effective_available_bytes")
+        if not (isinstance(want, int) and isinstance(avail, int) and want > 0
+                and abs(avail - want) <= MEMORY_TOLERANCE * want):
+            out.append(f"{f}.caps.memory: status emulated, but {avail!r} B were available at engine start for the "
+                       f"class's {want!r} B (tolerance {MEMORY_TOLERANCE:.0%})")
+    all_emulated = all(c.get("status") == "emulated" for c in caps.values())
+    if "emulated" in rec and rec["emulated"] != all_emulated:
+        out.append(f"{f}.emulated: {rec['emulated']!r}, but " + (
+            "every cap is emulated" if all_emulated else
+            f"cap(s) {', '.join(k for k, c in caps.items() if c.get('status') != 'emulated')} are not"))
     return out
 
 
@@ -184,6 +272,324 @@ def read_back_problems(a: Any, where: str) -> list[str]:
             if mname in REQUEST_METRICS and m.definition != REQUEST_METRICS[mname][2]:
                 out.append(f"{where}: metrics.{mname}.definition: not the shared definition of {mname} "
                            f"({DEFINITIONS_VERSION}, harness/metrics.py)")
+    return out
+
+
+# ---- consistency: figures that contradict each other, though each is well-formed -----------------------------
+
+# Each settings row whose effective value the engine also wrote, raw, into execution.effective: the keys (dotted
+# where nested) that hold that read-back. Every present key must agree with the row. Rows not named here and not
+# `options.<key>` are derived from what the engine measured (batch: the fewest concurrent sequences; warmups: the
+# warm-up repetitions it ran), not read back into execution.effective.
+READ_BACK_KEYS: dict[str, tuple[str, ...]] = {
+    "threads": ("threads", "n_threads", "torch_threads", "decode_test.n_threads"),
+    "cpus": ("cpu_affinity",),
+    "dtype": ("dtype",),
+    "context_len": ("n_ctx_per_seq", "max_model_len"),
+    "kv_cache_memory_bytes": ("kv_cache_memory_bytes",),
+    "options.eager": ("enforce_eager",),
+}
+# Settings rows whose requested value is the workload's.
+WORKLOAD_SETTINGS = ("prompt_len", "gen_len", "context_len", "batch", "warmups", "repetitions")
+# The cell parameters a run's workload copies (batch defaults to 1).
+CELL_WORKLOAD = ("prompt_len", "context_len", "gen_len", "batch")
+# Seconds per unit of the time-valued metric units.
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+# Units of quantities that cannot be negative besides times and rates (anything per second, tok/s): sizes, counts.
+NONNEGATIVE_UNITS = {"B", "bytes", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "tok", "tokens", "count",
+                     "requests", "steps"}
+# A sample may exceed the run's wall clock (timing, UTC) by this much: samples are timed by monotonic clocks
+# inside the span, the span by the wall clock around it.
+RUN_SLACK_S, RUN_SLACK = 0.5, 0.01
+# timing.duration_s against end - start (one Span takes both: they differ by under a millisecond in the store).
+DURATION_SLACK_S = 1.0
+# Relative tolerance of a figure recomputed from the others by its shared definition (harness/metrics.py).
+REL_TOL = 1e-6
+_PER = re.compile(r"one sample per run|per request|per repetition")
+# harness/emulate.py's MEMORY_TOLERANCE: the memory cap holds when the memory available at engine start is the
+# class's within it. Restated here, as cell_id and run_key below are (tests/test_hostile_check.py holds them
+# equal to the originals): importing harness.emulate, harness.grid or harness.schedule imports yaml and more,
+# which would cost `harness check` more time than all of its consistency rules take.
+MEMORY_TOLERANCE = 0.05
+
+
+def cell_id(params: dict) -> str:
+    """harness.grid.cell_id, restated."""
+    return ",".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def run_key(cell: str, arm: str, pass_index: int) -> str:
+    """harness.schedule.run_key, restated."""
+    return hashlib.sha256(f"{cell}|{arm}|{pass_index}".encode()).hexdigest()[:16]
+
+
+def consistency_problems(a: Any, where: str) -> list[str]:
+    """Figures of one parsed artifact that contradict each other: what a plausible lie (an edited artifact whose
+    id was recomputed) cannot keep consistent. Timing for every kind; CPUs for every engine artifact; for runs
+    the cell, the settings against the read-back, and (ok runs) the samples against the workload and timing."""
+    out = _timing_problems(a, where)
+    if hasattr(a, "execution"):
+        out += _affinity_problems(a, where)
+    if a.kind == "run":
+        out += _cell_problems(a, where)
+        out += _settings_problems(a, where)
+        if a.status == "ok":
+            out += _sample_problems(a, where)
+    return out
+
+
+def _instant(ts: str) -> datetime:
+    return datetime.fromisoformat(ts[:-1] + "+00:00" if ts.endswith("Z") else ts)
+
+
+def _timing_problems(a: Any, where: str) -> list[str]:
+    t = a.timing
+    out, at = [], {}
+    for name in ("start", "end"):
+        try:
+            at[name] = _instant(getattr(t, name))
+        except (ValueError, TypeError):
+            out.append(f"{where}: timing.{name}: {getattr(t, name)!r} is not an ISO 8601 timestamp")
+    if out:
+        return out
+    try:
+        span = (at["end"] - at["start"]).total_seconds()
+    except TypeError:
+        return [f"{where}: timing: start {t.start!r} and end {t.end!r} mix times with and without a time zone"]
+    if span < 0:
+        return [f"{where}: timing.end: {t.end} is before timing.start {t.start}"]
+    if abs(t.duration_s - span) > DURATION_SLACK_S + RUN_SLACK * span:
+        return [f"{where}: timing.duration_s: {t.duration_s:.6g} s, but end - start is {span:.6g} s"]
+    return []
+
+
+def _affinity_problems(a: Any, where: str) -> list[str]:
+    """The harness pins one engine thread per CPU (runner: cpus = the arm's, or the first `threads`), on CPUs
+    this host has online."""
+    ex, out = a.execution, []
+    aff = ex.cpu_affinity
+    if aff and ex.threads > len(aff):
+        out.append(f"{where}: execution.threads: {ex.threads} threads on {len(aff)} CPU(s) {aff}: runs pin one "
+                   "thread per CPU")
+    if len(set(aff)) != len(aff):
+        out.append(f"{where}: execution.cpu_affinity: {aff} lists a CPU twice")
+    cpu = a.host.cpu
+    online, n = cpu.get("online_cpus"), cpu.get("logical_cores")
+    if isinstance(online, list) and online:
+        have, what = set(online), f"host.cpu.online_cpus ({len(online)} CPUs)"
+    elif isinstance(n, int) and not isinstance(n, bool) and n > 0:
+        have, what = set(range(n)), f"host.cpu.logical_cores ({n})"
+    else:
+        return out
+    read = ((ex.settings or {}).get("cpus") or {}).get("effective")
+    for field, cpus in (("execution.cpu_affinity", aff), ("execution.settings.cpus.effective", read)):
+        if isinstance(cpus, list):
+            beyond = [c for c in cpus if c not in have]
+            if beyond:
+                out.append(f"{where}: {field}: CPU(s) {beyond} are not on this host ({what})")
+    return out
+
+
+def _cell_problems(a: Any, where: str) -> list[str]:
+    g, w, out = a.grid, a.workload, []
+    params = g.cell_params
+    try:
+        want = cell_id(params)
+    except Exception:  # unsortable keys cannot come from a grid file
+        want = None
+    if g.cell != want:
+        out.append(f"{where}: grid.cell: {g.cell!r} is not the id of grid.cell_params ({want!r})")
+    elif g.run_key != run_key(g.cell, g.arm, g.pass_index):
+        out.append(f"{where}: grid.run_key: {g.run_key} is not the key of cell {g.cell!r}, arm {g.arm!r}, pass "
+                   f"{g.pass_index} ({run_key(g.cell, g.arm, g.pass_index)})")
+    for k in CELL_WORKLOAD:
+        if k not in params and k != "batch":
+            out.append(f"{where}: grid.cell_params.{k}: missing (workload.{k} is {getattr(w, k)})")
+        elif getattr(w, k) != params.get(k, 1):
+            out.append(f"{where}: workload.{k}: {getattr(w, k)}, but the cell's {k} is {params.get(k, 1)!r}")
+    return out
+
+
+def _lookup(d: dict, dotted: str) -> Any:
+    v: Any = d
+    for part in _parts(dotted):
+        v = v.get(part, KeyError) if isinstance(v, dict) else KeyError
+        if v is KeyError:
+            break
+    return v
+
+
+def _settings_problems(a: Any, where: str) -> list[str]:
+    """Each settings row agrees with what else the artifact says: its request with execution and the workload,
+    its effective value with the engine's raw read-back in execution.effective."""
+    ex, out = a.execution, []
+    rows = ex.settings or {}
+    for name, want, field in (("threads", ex.threads, "execution.threads"),
+                              ("cpus", ex.cpu_affinity, "execution.cpu_affinity"),
+                              *((k, getattr(a.workload, k), f"workload.{k}") for k in WORKLOAD_SETTINGS)):
+        row = rows.get(name)
+        if isinstance(row, dict) and "requested" in row and row["requested"] != want:
+            out.append(f"{where}: execution.settings.{name}.requested: {row['requested']!r}, but {field} is {want!r}")
+    for name, row in rows.items():
+        if not isinstance(row, dict) or row.get("effective") is None:
+            continue
+        keys = READ_BACK_KEYS.get(name) or ((name[8:],) if name.startswith("options.") else ())
+        for key in keys:
+            v = _lookup(ex.effective, key)
+            if v is not KeyError and v != row["effective"]:
+                out.append(f"{where}: execution.settings.{name}.effective: {row['effective']!r}, but the engine's "
+                           f"read-back execution.effective.{key} is {v!r}")
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _per(definition: str) -> str | None:
+    """What one sample of a metric is, as its definition says (the last phrase that says it): request,
+    repetition, run; None where the definition does not say."""
+    found = _PER.findall(definition)
+    return None if not found else {"one sample per run": "run", "per request": "request",
+                                   "per repetition": "repetition"}[found[-1]]
+
+
+def _nonnegative(unit: str) -> bool:
+    return unit in TIME_UNITS or unit in NONNEGATIVE_UNITS or unit.endswith("/s")
+
+
+def _sample_problems(a: Any, where: str) -> list[str]:
+    """An ok run's samples: finite, of a possible sign, as many as the workload ran (the definition says per
+    what), none longer than the run, and (shared definitions) each rate what its times make."""
+    w, dur, out = a.workload, a.timing.duration_s, []
+    reps, batch, warm = w.repetitions, w.batch, w.warmups
+    limit = dur * (1 + RUN_SLACK) + RUN_SLACK_S
+    shared = a.execution.effective.get("metric_definitions") == DEFINITIONS_VERSION
+    counted: dict[str, str] = {}  # the metrics with finite samples, as many as their definition makes
+    for name, m in a.metrics.items():
+        xs, ws = m.samples, m.warmup_samples
+        total = sum(xs) + sum(ws)  # finite: no NaN or infinity among them (the common case, tested fast)
+        finite = math.isfinite(total)
+        if not finite or (xs and min(xs) < 0) or (ws and min(ws) < 0):
+            finite = _value_problems(out, f"{where}: metrics.{name}", m)  # element by element (or the sum overflowed)
+        per = _per(m.definition)
+        n, nw = len(xs), len(ws)
+        if per is None:
+            if n not in (1, reps, reps * batch):
+                out.append(f"{where}: metrics.{name}.samples: {n} samples, but workload.repetitions is {reps} (batch "
+                           f"{batch}): one per repetition ({reps}), per request ({reps * batch}) or per run (1)")
+            if nw not in (0, warm, warm * batch):
+                out.append(f"{where}: metrics.{name}.warmup_samples: {nw} samples, but workload.warmups is {warm} "
+                           f"(batch {batch})")
+        else:
+            want, want_w = (1, 0) if per == "run" else (reps, warm) if per == "repetition" else (reps * batch,
+                                                                                             warm * batch)
+            exact = shared and name in REQUEST_METRICS and m.definition == REQUEST_METRICS[name][2]
+            if n != want:
+                how = {"run": "one per run", "repetition": f"one per repetition: workload.repetitions {reps}",
+                       "request": f"one per request: workload.repetitions {reps} x batch {batch}"}[per]
+                out.append(f"{where}: metrics.{name}.samples: {n} samples, but its definition makes {want} ({how})")
+            if nw != want_w and (nw or exact or per == "run"):  # an engine may not report its warm-ups; shared ones do
+                how = {"run": "none for a per-run figure", "repetition": f"workload.warmups {warm}",
+                       "request": f"workload.warmups {warm} x batch {batch}"}[per]
+                out.append(f"{where}: metrics.{name}.warmup_samples: {nw} samples, but its definition makes {want_w} "
+                           f"({how})")
+            elif n == want and finite:
+                counted[name] = per
+        scale = TIME_UNITS.get(m.unit)
+        if scale is None or not finite or not xs:
+            continue
+        # repetitions run one after another, the requests of one together: what they take adds up within the run
+        if counted.get(name) == "request" and batch > 1:
+            both = ws + xs
+            total = sum(max(both[i:i + batch]) for i in range(0, len(both), batch))
+        elif counted.get(name) not in ("repetition", "request"):
+            total = max(max(xs), max(ws) if ws else 0.0)
+        if total * scale <= limit:
+            continue
+        longest = max(max(xs), max(ws) if ws else 0.0) * scale
+        if longest > limit:
+            out.append(f"{where}: metrics.{name}.samples: {longest:.6g} s, longer than the whole run "
+                       f"(timing.duration_s {dur:.6g} s)")
+        else:
+            out.append(f"{where}: metrics.{name}.samples: its repetitions take {total * scale:.6g} s together, longer "
+                       f"than the whole run (timing.duration_s {dur:.6g} s)")
+    if shared:
+        out += _request_figure_problems(a, where, counted)
+    return out
+
+
+def _value_problems(out: list[str], f: str, m: Any) -> bool:
+    """Appends a line for each list of a metric with a sample that is not finite, or negative where its unit
+    cannot be; whether its samples are all finite."""
+    finite = True
+    for field, xs in (("samples", m.samples), ("warmup_samples", m.warmup_samples)):
+        bad = [(i, x) for i, x in enumerate(xs) if not math.isfinite(x)]
+        if bad:
+            finite = False
+            out.append(f"{f}.{field}[{bad[0][0]}]: {bad[0][1]} is not a finite number"
+                       + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+            continue
+        neg = [(i, x) for i, x in enumerate(xs) if x < 0] if _nonnegative(m.unit) else []
+        if neg:
+            what = "time" if m.unit in TIME_UNITS else "rate" if m.unit.endswith("/s") else "size or count"
+            out.append(f"{f}.{field}[{neg[0][0]}]: {neg[0][1]!r} {m.unit} is negative, which a {what} cannot be"
+                       + (f" (and {len(neg) - 1} more)" if len(neg) > 1 else ""))
+    return finite
+
+
+def _request_figure_problems(a: Any, where: str, counted: dict[str, str]) -> list[str]:
+    """Under the shared definitions (harness/metrics.py) every request's figures come from its token timestamps:
+    ttft_s <= e2e_s, prefill_tok_s = prompt_len / ttft_s, decode_tok_s = (gen_len - 1) / (e2e_s - ttft_s), the
+    gaps' percentiles in order and within e2e_s - ttft_s, output_tok_s = batch x gen_len / the repetition's
+    longest e2e_s. The first request that contradicts them is named, per metric."""
+    m, w = a.metrics, a.workload
+    shared = {k for k in counted if k in REQUEST_METRICS and m[k].definition == REQUEST_METRICS[k][2]}
+    if not {"ttft_s", "e2e_s"} <= shared:
+        return []
+    out = []
+    p, g, b = w.prompt_len, w.gen_len, w.batch
+    for field in ("samples", "warmup_samples"):
+        tt, e2 = getattr(m["ttft_s"], field), getattr(m["e2e_s"], field)
+        here = f"{where}: metrics.{{}}.{field}[{{}}]: "
+        for i, (t, e) in enumerate(zip(tt, e2)):
+            if t > e:
+                out.append(here.format("ttft_s", i) + f"{t:.6g} s, after the request's last token (e2e_s {e:.6g} s)")
+                break
+        if "prefill_tok_s" in shared:
+            for i, (x, t) in enumerate(zip(getattr(m["prefill_tok_s"], field), tt)):
+                if t <= 0 or abs(x - p / t) > REL_TOL * p / t:
+                    out.append(here.format("prefill_tok_s", i) + f"{x:.6g} tok/s, but prompt_len {p} / ttft_s "
+                               f"{t:.6g} s is {p / t if t > 0 else math.inf:.6g}")
+                    break
+        if "decode_tok_s" in shared:
+            for i, (x, t, e) in enumerate(zip(getattr(m["decode_tok_s"], field), tt, e2)):
+                if e <= t or abs(x - (g - 1) / (e - t)) > REL_TOL * (g - 1) / (e - t):
+                    out.append(here.format("decode_tok_s", i) + f"{x:.6g} tok/s, but (gen_len {g} - 1) / (e2e_s - "
+                               f"ttft_s = {e - t:.6g} s) is {(g - 1) / (e - t) if e > t else math.inf:.6g}")
+                    break
+        prev = None
+        for q in ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_max_s"):
+            if q not in shared:
+                prev = None
+                continue
+            xs = getattr(m[q], field)
+            for i, (x, t, e) in enumerate(zip(xs, tt, e2)):
+                if x > (e - t) * (1 + REL_TOL) + 1e-9:
+                    out.append(here.format(q, i) + f"{x:.6g} s, but the request decoded for {e - t:.6g} s in all "
+                               "(e2e_s - ttft_s)")
+                    break
+            if prev is not None:
+                for i, (x, y) in enumerate(zip(xs, prev[1])):
+                    if x < y * (1 - REL_TOL):
+                        out.append(here.format(q, i) + f"{x:.6g} s, below {prev[0]} {y:.6g} s of the same request")
+                        break
+            prev = (q, xs)
+        if "output_tok_s" in shared and len(tt) == len(getattr(m["output_tok_s"], field)) * b:
+            for r, x in enumerate(getattr(m["output_tok_s"], field)):
+                last = max(e2[r * b:(r + 1) * b])
+                if last <= 0 or abs(x - b * g / last) > REL_TOL * b * g / last:
+                    out.append(here.format("output_tok_s", r) + f"{x:.6g} tok/s, but batch {b} x gen_len {g} / the "
+                               f"repetition's longest e2e_s {last:.6g} s is "
+                               f"{b * g / last if last > 0 else math.inf:.6g}")
+                    break
     return out
 
 
