@@ -621,38 +621,47 @@ def _model_file_problems(name: str, files: tuple[tuple[str, str], ...]) -> tuple
 
 
 def iter_artifact_paths(paths: Iterable[str]) -> tuple[list[Path], list[str]]:
+    """The artifact files to check under the given files and store folders (harness.store.walk: links are never
+    followed, FIFOs and devices never opened), and one problem line per entry that is not a plain file."""
+    from harness.store import walk
     files, problems = [], []
     for p in map(Path, paths):
         if p.is_symlink():
             problems.append(f"{p}: (file): is a symlink; artifacts are plain files")
         elif p.is_dir():
-            for q in sorted(p.rglob("*.json"), key=os.fspath):
-                if q.is_symlink():
-                    problems.append(f"{q}: (file): is a symlink; artifacts are plain files")
-                elif not q.name.startswith(".tmp-"):
-                    files.append(q)
+            found, odd = walk(p)
+            files += found
+            problems += [f"{q}: (file): {why}" for q, why in odd]
         elif p.is_file():
             files.append(p)
+        elif p.exists():
+            problems.append(f"{p}: (file): not a regular file (a FIFO, device or socket)")
         else:
             raise UserError(str(p), "no such file or directory", "pass artifact files or store directories")
     return files, problems
 
 
 def _check_file(f: Path, verify_models: bool, allow_unknown_commit: bool) -> tuple[list[str], Any]:
-    """One file's problems, and its document when a later cross-check needs it (fidelity, reference) or its id."""
+    """One file's problems, and its document when a later cross-check needs it (fidelity, reference) or its id.
+    Read through harness.store.read_bytes: a regular file, not a link, bounded in size and nesting."""
+    from harness.store import MAX_DEPTH, read_bytes, too_deep
     where = str(f)
     try:
-        raw = f.read_bytes()
-    except OSError as e:
-        return [f"{where}: (file): unreadable: {e.strerror}"], None
+        raw = read_bytes(f)
+    except UserError as e:
+        return [f"{where}: (file): {e.problem}"], None
     if not raw.strip():
         return [f"{where}: (file): empty file"], None
+    if too_deep(raw):
+        return [f"{where}: (file): JSON nested more than {MAX_DEPTH} deep"], None
     try:
         doc, finite = loads(raw)
     except UnicodeDecodeError as e:
         return [f"{where}: (file): not UTF-8 at byte {e.start}"], None
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         return [f"{where}: (file): invalid JSON ({e.msg} at line {e.lineno}); truncated?"], None
+    except (ValueError, RecursionError) as e:
+        return [f"{where}: (file): invalid JSON ({e})"], None
     problems = check_doc(doc, where, verify_models, allow_unknown_commit, finite)
     if isinstance(doc, dict) and doc.get("kind") in ("fidelity", "reference"):
         return problems, doc

@@ -175,7 +175,8 @@ def test_store_write_errors_end_the_run_in_one_line(write_grid, tmp_path, cli, m
 
     monkeypatch.setattr("harness.store.tempfile.mkstemp", fail)
     rc, out, err_text = cli("run", g, "--store", tmp_path / "st")
-    assert rc == 2 and err[1] in err_text and len(err_text.strip().splitlines()) == 1
+    errors = [line for line in err_text.splitlines() if line.startswith("error:")]
+    assert rc == 2 and len(errors) == 1 and err[1] in errors[0] and "Traceback" not in err_text
 
 
 def test_write_errors_are_one_line(tmp_path, monkeypatch):
