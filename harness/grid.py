@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
+import os
+import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +18,6 @@ from typing import Any
 import yaml
 
 from harness.errors import UserError
-from harness.paths import read_utf8
 
 WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
 # replicate: a label only (repeats of one cell, e.g. for A/A calibration); batch: concurrent requests
@@ -32,6 +35,22 @@ PRIMARY_FIELDS = {"metrics", "arms", "cells"}
 ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa", "observe", "observe_only",
               "hardware"}
 OBSERVE = ("full", "bare")
+NUMERIC_AXES = tuple(a for a in AXIS_NAMES if a not in STRING_AXES)
+
+# What a grid file may be, checked before and while it is read (hostile or broken input is refused, never a hang):
+MAX_GRID_BYTES = 1 << 20  # the file itself (the largest committed grid is under 3 KB)
+MAX_DEPTH = 32  # nesting of mappings and lists, aliases expanded (a grid needs about 5)
+MAX_ALIASES = 100  # *alias uses (the committed grids use none; a few share options between arms)
+MAX_NODES = 100_000  # values in the document once aliases are expanded (an alias bomb expands to billions)
+# What a grid may ask, checked before it is expanded:
+MAX_RUNS = 100_000  # cells x arms x passes; at seconds a run, more is weeks of machine time
+MAX_CELLS = 10_000  # the product of the axes (expanding is what takes a plan's time: each cell is a mapping)
+MAX_ARMS = 64  # arms of one grid (each pass's order is a Williams design over them, n x n)
+MAX_RULES = 200  # entries of include, of exclude and of primary.cells
+MAX_RULE_CHECKS = 1_000_000  # rules x cells x arms: each rule is matched against every cell (and arm)
+MAX_TIMEOUT_S = 7 * 86400  # a run's timeout_s: a week
+MAX_NAME_BYTES = 100  # a grid or arm name becomes a path component (store folders, plots); filesystems allow 255
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 WHY_NO_DEFAULTS = "each of prompt_len, context_len, gen_len has produced a wrong conclusion when left at a default"
 
 
@@ -93,30 +112,175 @@ def _err(path: str, fld: str, problem: str, fix: str = "") -> UserError:
     return UserError(path, f"{fld}: {problem}", fix)
 
 
+def _short(v: Any, n: int = 60) -> str:
+    """repr of a value for a one-line message, cut to n characters."""
+    r = repr(v)
+    return r if len(r) <= n else r[:n - 3] + "..."
+
+
 def _int(path: str, fld: str, v: Any, lo: int = 1) -> int:
+    """An integer >= lo; YAML's true/false (Python bools, an int subclass), floats and strings refused."""
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise _err(path, fld, f"must be an integer >= {lo}, got {v!r}")
+        raise _err(path, fld, f"must be an integer >= {lo}, got {_short(v)}")
     return v
 
 
-def read_yaml(path: str | Path) -> tuple[Any, str]:
-    """A grid file's document and the sha256 of its bytes (speed and fidelity grids alike)."""
-    p = Path(path)
-    text = read_utf8(p, "save the grid as UTF-8")
+class _Refused(Exception):
+    """Raised by the grid loader: a document the harness will not read (line, problem, fix)."""
+
+    def __init__(self, mark: Any, problem: str, fix: str) -> None:
+        self.line = mark.line + 1 if mark is not None else None
+        self.problem, self.fix = problem, fix
+        super().__init__(problem)
+
+
+class GridLoader(yaml.SafeLoader):
+    """yaml.SafeLoader (no object tags) that also refuses a duplicate key in any mapping (YAML keeps the
+    last silently), more than MAX_ALIASES alias uses and nesting deeper than MAX_DEPTH."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _Refused(self.peek_event().start_mark, f"more than {MAX_ALIASES} aliases (*name)",
+                               "write the values out; a grid needs few aliases")
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(self.peek_event().start_mark, f"nested deeper than {MAX_DEPTH} levels",
+                               "a grid needs a few levels of mappings and lists")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                # merge keys (<<: *base) are YAML's explicit way to override, not duplicates
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line
+                try:
+                    first = seen.get(key)
+                    seen.setdefault(key, line)
+                except TypeError:
+                    continue  # unhashable: SafeConstructor refuses it
+                if first is not None:
+                    raise _Refused(key_node.start_mark, f"duplicate key {_short(key)} (lines {first + 1} and "
+                                   f"{line + 1}; YAML would keep the last silently)", "keep one of them")
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_grid_text(p: Path) -> tuple[str, bytes]:
+    """The file's text and bytes: a regular file of at most MAX_GRID_BYTES, UTF-8. Opened without blocking
+    (a FIFO) and read with a bound (a device such as /dev/zero never ends)."""
     try:
-        doc = yaml.safe_load(text)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise UserError(str(p), f"unreadable: {e.strerror}", "check the path") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(str(p), "is not a regular file", "give the path of a grid file (YAML)")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(MAX_GRID_BYTES + 1)
+    except OSError as e:
+        raise UserError(str(p), f"unreadable: {e.strerror}", "check the path") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_GRID_BYTES:
+        raise UserError(str(p), f"larger than {MAX_GRID_BYTES} bytes ({MAX_GRID_BYTES >> 20} MiB): not a grid file",
+                        "a grid is a few kilobytes of YAML; split it or check the path")
+    try:
+        return raw.decode("utf-8"), raw
+    except UnicodeDecodeError as e:
+        raise UserError(str(p), f"not UTF-8 at byte {e.start}", "save the grid as UTF-8") from None
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _check_tree(path: str, doc: Any) -> None:
+    """Every value of the document, aliases expanded, walked once without recursion: at most MAX_NODES
+    values and MAX_DEPTH levels (an alias bomb or a recursive alias is refused here, before any code walks
+    it), string keys, finite numbers, no NUL, and only the types YAML's plain mappings, lists and scalars make."""
+    stack: list[tuple[Any, tuple, int]] = [(doc, (), 1)]
+    count = 0
+
+    def where(trail: tuple) -> str:
+        out = ""
+        for t in trail:
+            out += f"[{t}]" if isinstance(t, int) else (f".{t}" if out else str(t))
+        return out or "(top level)"
+
+    while stack:
+        v, trail, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise _err(path, "(document)", f"more than {MAX_NODES:,} values once its aliases are expanded",
+                       "a grid is small: write it without aliases that multiply")
+        if depth > MAX_DEPTH:
+            raise _err(path, where(trail), f"nested deeper than {MAX_DEPTH} levels (a recursive alias?)",
+                       "a grid needs a few levels of mappings and lists")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if not isinstance(k, str):
+                    raise _err(path, where(trail), f"key {_short(k)} is not a string",
+                               "quote it: YAML reads unquoted yes/no/on/off/numbers/null as other types")
+                if "\0" in k:
+                    raise _err(path, where(trail), f"key {_short(k)} holds a NUL character", "remove it")
+                stack.append((x, (*trail, k), depth + 1))
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                stack.append((x, (*trail, i), depth + 1))
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise _err(path, where(trail), f"{v} is not a finite number", "give a finite number")
+        elif isinstance(v, str) and "\0" in v:
+            raise _err(path, where(trail), "holds a NUL character", "remove it")
+        elif not isinstance(v, _PLAIN):
+            raise _err(path, where(trail), f"a {type(v).__name__} ({_short(v)}) has no meaning in a grid",
+                       "quote it to make it a string, or give a number")
+
+
+def read_yaml(path: str | Path) -> tuple[Any, str]:
+    """A grid file's document and the sha256 of its bytes (speed and fidelity grids alike). Refused, one
+    line each: a file that is not a regular file or exceeds MAX_GRID_BYTES, invalid YAML, object tags, a
+    duplicate key, more than MAX_ALIASES aliases, nesting deeper than MAX_DEPTH, a document of more than
+    MAX_NODES values, a non-string key, a non-finite number, a NUL."""
+    p = Path(path)
+    text, raw = _read_grid_text(p)
+    try:
+        doc = yaml.load(text, Loader=GridLoader)  # noqa: S506 (a SafeLoader)
+    except _Refused as e:
+        where = f"line {e.line}: " if e.line else ""
+        raise UserError(str(p), f"{where}{e.problem}", e.fix) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(str(p), f"invalid YAML{where}: {getattr(e, 'problem', e)}", "fix the YAML syntax") from e
-    return doc, hashlib.sha256(text.encode("utf-8")).hexdigest()
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise UserError(str(p), f"invalid YAML{where}: {problem}", "fix the YAML syntax") from None
+    except (ValueError, OverflowError, RecursionError) as e:  # e.g. an integer of more digits than Python reads
+        raise UserError(str(p), f"invalid YAML value: {_short(' '.join(str(e).split()), 120)}",
+                        "fix the value (quote it to make it a string)") from None
+    _check_tree(str(p), doc)
+    return doc, hashlib.sha256(raw).hexdigest()
 
 
 def only_fields(path: str, prefix: str, mapping: dict, allowed: set[str]) -> None:
     """Refuse the first unknown field of a mapping, naming the ones allowed."""
     bad = set(mapping) - allowed
     if bad:
-        fld = f"{prefix}.{sorted(bad)[0]}" if prefix else sorted(bad)[0]
+        first = sorted(bad, key=lambda k: (not isinstance(k, str), str(k)))[0]
+        if not isinstance(first, str):
+            first = repr(first)
+        fld = f"{prefix}.{first}" if prefix else first
         raise _err(path, fld, "unknown field", f"allowed: {', '.join(sorted(allowed))}")
 
 
@@ -134,92 +298,216 @@ def entries(path: str, fld: str, raw: Any, allowed: set[str], hint: str) -> list
     return out
 
 
+def name_problem(name: Any) -> str | None:
+    """Why a name cannot be one path component (a store folder, a plot file), or None: not a string, empty,
+    '.' or '..', a path separator, NUL or another control character, a leading '-' (read as an option),
+    more than MAX_NAME_BYTES bytes."""
+    if not isinstance(name, str) or not name:
+        return "must be a non-empty string"
+    if name in (".", ".."):
+        return f"{name!r} names a folder"
+    if "/" in name or "\\" in name:
+        return "holds a path separator"
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
+        return "holds a control character"
+    if name.startswith("-"):
+        return "starts with '-'"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"is longer than {MAX_NAME_BYTES} bytes"
+    return None
+
+
 def grid_name(path: str, name: Any) -> str:
-    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
-        raise _err(path, "name", f"must be a name of letters, digits, - and _, got {name!r}")
+    """The grid's name: the store's folder artifacts/<name>/ and the stem of its plots."""
+    why = name_problem(name)
+    if why or not name.replace("-", "").replace("_", "").isalnum():
+        raise _err(path, "name", f"{why or 'must be letters, digits, - and _'}, got {_short(name)}",
+                   f"a name of letters, digits, - and _ (at most {MAX_NAME_BYTES} bytes, not starting with -)")
     return name
 
 
 def load(path: str | Path) -> GridSpec:
+    """A grid file as `harness plan` and `harness run` read it: its document's rules (from_dict), and what this
+    machine can run: an arm's cpus among the CPUs this process may use, a native run's threads within them."""
     doc, sha = read_yaml(path)
-    return from_dict(doc, str(path), sha)
+    return from_dict(doc, str(path), sha, cpus=machine_cpus())
 
 
-def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
+def machine_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity): a native run's threads and an arm's cpus must fit."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS)
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """CPU numbers as ranges: 0-3,8."""
+    out: list[str] = []
+    for c in sorted(set(cpus)):
+        if out and "-" in out[-1] and int(out[-1].split("-")[1]) == c - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        elif out and "-" not in out[-1] and int(out[-1]) == c - 1:
+            out[-1] = f"{out[-1]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
+
+
+def _opt(m: dict, key: str, default: Any) -> Any:
+    """m[key], or the default when it is absent or null (a wrong-typed value is returned, to be refused)."""
+    v = m.get(key)
+    return default if v is None else v
+
+
+def _model_name(path: str, fld: str, v: Any, known: dict) -> str:
+    names = ", ".join(sorted(known))
+    if isinstance(v, dict):
+        raise _err(path, fld, "a model given as a mapping (by name and path) is not supported yet",
+                   f"register the model in the zoo (harness/models.py) and give its name, or use a zoo name: {names}")
+    if not isinstance(v, str) or v not in known:
+        raise _err(path, fld, f"unknown model {_short(v)}", f"known: {names}")
+    return v
+
+
+def _rule_values(path: str, fld: str, rule: dict, allow_arm: bool) -> None:
+    """The values of an include/exclude/primary.cells rule, typed as their axis is (a rule `{threads: true}`
+    would match threads 1, since True == 1 in Python)."""
+    for k, v in rule.items():
+        if k == "arm" and allow_arm:
+            continue
+        if k not in AXIS_NAMES:
+            raise _err(path, f"{fld}.{k}", "unknown axis", f"known: {', '.join(AXIS_NAMES)}{', arm' if allow_arm else ''}")
+        if k in NUMERIC_AXES:
+            _int(path, f"{fld}.{k}", v)
+        elif not isinstance(v, str) or not v:
+            raise _err(path, f"{fld}.{k}", f"must be a name, got {_short(v)}")
+
+
+def _arm(path: str, f: str, ra: dict, engines: Any, avail: list[int] | None) -> Arm:
+    eng = ra.get("engine")
+    if not isinstance(eng, str) or eng not in engines:
+        raise _err(path, f"{f}.engine", f"unknown engine {_short(eng)}", f"known: {', '.join(sorted(engines))}")
+    an = ra.get("name", eng)
+    why = name_problem(an)
+    if why:
+        raise _err(path, f"{f}.name", f"{why}, got {_short(an)} (an arm's name is part of file names)",
+                   f"letters, digits, '.', '-' and '_', at most {MAX_NAME_BYTES} bytes")
+    form = ra.get("form")
+    if form is not None and (not isinstance(form, str) or not form):
+        raise _err(path, f"{f}.form", f"must be a form name, got {_short(form)}", "e.g. gguf-f32 or hf-fp32")
+    opts = _opt(ra, "options", {})
+    if not isinstance(opts, dict):
+        raise _err(path, f"{f}.options", f"must be a mapping, got {_short(opts)}")
+    env = _opt(ra, "env", {})
+    if not isinstance(env, dict):
+        raise _err(path, f"{f}.env", f"must be a mapping of names to strings, got {_short(env)}")
+    for k, v in env.items():
+        if not isinstance(k, str) or not ENV_NAME.fullmatch(k):
+            raise _err(path, f"{f}.env", f"{_short(k)} is not an environment variable name",
+                       "letters, digits and _, not starting with a digit")
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise _err(path, f"{f}.env.{k}", f"must be a string, got {_short(v)}",
+                       "quote it (YAML reads unquoted yes/no/true/false as booleans)")
+        if isinstance(v, float) and not math.isfinite(v) or isinstance(v, str) and "\0" in v:
+            raise _err(path, f"{f}.env.{k}", f"{_short(v)} cannot be an environment value", "give a plain string")
+    cpus = ra.get("cpus")
+    if cpus is not None:
+        if not isinstance(cpus, list) or not cpus or any(isinstance(c, bool) or not isinstance(c, int) for c in cpus):
+            raise _err(path, f"{f}.cpus", f"must be a non-empty list of CPU numbers, got {_short(cpus)}",
+                       "e.g. [0, 1]")
+        seen: set[int] = set()
+        dup = sorted({c for c in cpus if c in seen or seen.add(c)})  # type: ignore[func-returns-value]
+        if dup:
+            raise _err(path, f"{f}.cpus", f"CPU {dup[0]} is listed twice", "list each CPU once")
+        if min(cpus) < 0:
+            raise _err(path, f"{f}.cpus", f"CPU {min(cpus)} is negative", "CPU numbers start at 0")
+        missing = sorted(seen - set(avail)) if avail is not None else []
+        if missing:
+            raise _err(path, f"{f}.cpus", f"CPU {cpu_list(missing)} not among the CPUs this process may run on "
+                       f"({cpu_list(avail)}, os.sched_getaffinity)",
+                       "list CPUs of this machine, or plan and run the grid on the machine that has them")
+    pat = ra.get("patches")
+    if pat is not None:
+        if eng != "vllm":
+            raise _err(path, f"{f}.patches", "only the vllm engine has runtime patches")
+        from runtime.patches import NAMES
+        names = [pat] if isinstance(pat, str) else pat
+        if not isinstance(names, list) or any(n not in (*NAMES, "all", "none") for n in names):
+            raise _err(path, f"{f}.patches", f"unknown patch selection {_short(pat)}",
+                       f"none, all, or a list of: {', '.join(NAMES)}")
+    if "threads" in opts:
+        _int(path, f"{f}.options.threads", opts["threads"])
+    if "threads" in ra:
+        if "threads" in opts:
+            raise _err(path, f"{f}.threads", "is given both here and in options", "give it once")
+        opts = {**opts, "threads": _int(path, f"{f}.threads", ra["threads"])}
+    numa = ra.get("numa")
+    if numa is not None:
+        _int(path, f"{f}.numa", numa, lo=0)
+    observe = ra.get("observe", "full")
+    if observe not in OBSERVE:
+        raise _err(path, f"{f}.observe", f"unknown value {_short(observe)}", f"allowed: {', '.join(OBSERVE)}")
+    oo = _opt(ra, "observe_only", [])
+    from harness.engines.base import SETTINGS
+    if not isinstance(oo, list) or not all(isinstance(x, str) and (x in SETTINGS or x.startswith("options."))
+                                           for x in oo):
+        raise _err(path, f"{f}.observe_only", f"must be a list of settings, got {_short(oo)}",
+                   f"settings: {', '.join(SETTINGS)}, or options.KEY")
+    hw = ra.get("hardware")
+    if hw is not None and (not isinstance(hw, str) or not hw):
+        raise _err(path, f"{f}.hardware", f"must be a class name, got {_short(hw)}", "see grids/hardware/")
+    return Arm(name=an, engine=eng, form=form, options=opts, env={k: str(v) for k, v in env.items()}, patches=pat,
+               cpus=cpus, numa=numa, observe=observe, observe_only=tuple(oo), hardware=None if hw == "native" else hw)
+
+
+def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -> GridSpec:
+    """A grid document, validated: every rule of the document itself, the engines' and the emulated hardware
+    classes' rules; and, given `cpus` (the CPUs of the machine that will run it, as load() passes), the arms'
+    cpus and the native runs' threads against them."""
     from harness.engines import ENGINES
     if not isinstance(doc, dict):
         raise _err(path, "(top level)", "must be a mapping of grid fields", "see docs/harness.md")
-    if doc.get("kind", "speed") != "speed":
-        raise _err(path, "kind", f"{doc.get('kind')!r} grids are not run by `harness run`",
-                   "run a kind: fidelity grid with `harness fidelity`" if doc.get("kind") == "fidelity"
+    kind = doc.get("kind", "speed")
+    if kind != "speed":
+        raise _err(path, "kind", f"{_short(kind)} grids are not run by `harness run`",
+                   "run a kind: fidelity grid with `harness fidelity`" if kind == "fidelity"
                    else "kind is speed (the default) or fidelity")
     only_fields(path, "", doc, TOP_FIELDS)
     name = grid_name(path, doc.get("name"))
+    description = _opt(doc, "description", "")
+    if not isinstance(description, str):
+        raise _err(path, "description", f"must be a string (free text), got {_short(description)}", "quote it")
     from harness.models import MODELS
-    axis_models = (doc.get("axes") or {}).get("model") if isinstance(doc.get("axes"), dict) else None
+    axes_doc = doc.get("axes")
+    axis_models = axes_doc.get("model") if isinstance(axes_doc, dict) else None
     if axis_models is not None:
         if "model" in doc:
             raise _err(path, "model", "is given both as the grid's model and as an axis", "keep one of them")
         vals = axis_models if isinstance(axis_models, list) else [axis_models]
-        bad = [m for m in vals if m not in MODELS]
-        if bad or not vals:
-            raise _err(path, "axes.model", f"unknown model {bad[0] if bad else None!r}", f"known: {', '.join(sorted(MODELS))}")
+        if not vals:
+            raise _err(path, "axes.model", "must list at least one model", f"known: {', '.join(sorted(MODELS))}")
+        for m in vals:
+            _model_name(path, "axes.model", m, MODELS)
         model = vals[0]
     else:
         model = doc.get("model", "none")
-    if model not in MODELS and model != "none":
-        raise _err(path, "model", f"unknown model {model!r}", f"known: {', '.join(sorted(MODELS))}")
+        if model != "none":
+            _model_name(path, "model", model, MODELS)
 
-    arms = []
-    for f, ra in entries(path, "arms", doc.get("arms"), ARM_FIELDS, "each arm: {name, engine, ...}"):
-        if ra.get("engine") not in ENGINES:
-            raise _err(path, f"{f}.engine", f"unknown engine {ra.get('engine')!r}", f"known: {', '.join(sorted(ENGINES))}")
-        an = ra.get("name", ra["engine"])
-        if not isinstance(an, str) or not an:
-            raise _err(path, f"{f}.name", "must be a non-empty string")
-        opts = ra.get("options") or {}
-        env = ra.get("env") or {}
-        if not isinstance(opts, dict):
-            raise _err(path, f"{f}.options", "must be a mapping")
-        if not isinstance(env, dict) or not all(isinstance(v, (str, int, float)) for v in env.values()):
-            raise _err(path, f"{f}.env", "must be a mapping of names to strings")
-        cpus = ra.get("cpus")
-        if cpus is not None and (not isinstance(cpus, list) or not all(isinstance(c, int) and c >= 0 for c in cpus)):
-            raise _err(path, f"{f}.cpus", f"must be a list of CPU numbers, got {cpus!r}")
-        pat = ra.get("patches")
-        if pat is not None:
-            if ra["engine"] != "vllm":
-                raise _err(path, f"{f}.patches", "only the vllm engine has runtime patches")
-            from runtime.patches import NAMES
-            names = [pat] if isinstance(pat, str) else pat
-            if not isinstance(names, list) or any(n not in (*NAMES, "all", "none") for n in names):
-                raise _err(path, f"{f}.patches", f"unknown patch selection {pat!r}",
-                           f"none, all, or a list of: {', '.join(NAMES)}")
-        if "threads" in ra:
-            opts = {**opts, "threads": _int(path, f"{f}.threads", ra["threads"])}
-        observe = ra.get("observe", "full")
-        if observe not in OBSERVE:
-            raise _err(path, f"{f}.observe", f"unknown value {observe!r}", f"allowed: {', '.join(OBSERVE)}")
-        oo = ra.get("observe_only") or []
-        from harness.engines.base import SETTINGS
-        if not isinstance(oo, list) or not all(isinstance(x, str) and (x in SETTINGS or x.startswith("options."))
-                                               for x in oo):
-            raise _err(path, f"{f}.observe_only", f"must be a list of settings, got {oo!r}",
-                       f"settings: {', '.join(SETTINGS)}, or options.KEY")
-        hw = ra.get("hardware")
-        if hw is not None and not isinstance(hw, str):
-            raise _err(path, f"{f}.hardware", f"must be a class name, got {hw!r}", "see grids/hardware/")
-        arms.append(Arm(name=an, engine=ra["engine"], form=ra.get("form"), options=opts,
-                        env={k: str(v) for k, v in env.items()}, patches=ra.get("patches"), cpus=cpus,
-                        numa=ra.get("numa"), observe=observe, observe_only=tuple(oo),
-                        hardware=None if hw == "native" else hw))
+    avail = cpus
+    raw_arms = entries(path, "arms", doc.get("arms"), ARM_FIELDS, "each arm: {name, engine, ...}")
+    if len(raw_arms) > MAX_ARMS:
+        raise _err(path, "arms", f"{len(raw_arms):,} arms, more than the {MAX_ARMS} a grid may compare",
+                   "split the comparison into several grids")
+    arms = [_arm(path, f, ra, ENGINES, avail) for f, ra in raw_arms]
     if model == "none" and any(a.engine != "command" for a in arms):
         raise _err(path, "model", "is required when an arm runs a model engine", f"known: {', '.join(sorted(MODELS))}")
     names = [a.name for a in arms]
     if len(set(names)) != len(names):
-        raise _err(path, "arms", f"arm names must be unique, got {names}")
+        raise _err(path, "arms", f"arm names must be unique, got {_short(names, 200)}")
 
-    axes_raw = doc.get("axes") or {}
+    axes_raw = _opt(doc, "axes", {})
     if not isinstance(axes_raw, dict):
         raise _err(path, "axes", "must be a mapping of axis name to a list of values")
     axes: dict[str, list] = {}
@@ -233,16 +521,22 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
             for x in vals:
                 _int(path, f"axes.{k}", x)
         elif not all(isinstance(x, str) and x for x in vals):
-            raise _err(path, f"axes.{k}", f"must list names, got {vals!r}")
+            raise _err(path, f"axes.{k}", f"must list names, got {_short(vals)}")
+        seen: set = set()
+        dup = [x for x in vals if x in seen or seen.add(x)]  # type: ignore[func-returns-value]
+        if dup:  # two cells of one id would share their runs' keys
+            raise _err(path, f"axes.{k}", f"{_short(dup[0])} is listed twice", "list each value once")
         axes[k] = vals
 
-    workload = doc.get("workload") or {}
+    workload = _opt(doc, "workload", {})
     if not isinstance(workload, dict):
-        raise _err(path, "workload", "must be a mapping")
-    bad = set(workload) - set(AXIS_NAMES)
-    if bad:
-        raise _err(path, f"workload.{sorted(bad)[0]}", "unknown field", f"allowed: {', '.join(AXIS_NAMES)}")
-    fixed = {k: _int(path, f"workload.{k}", v) for k, v in workload.items() if k != "form"}
+        raise _err(path, "workload", f"must be a mapping, got {_short(workload)}")
+    for k in workload:
+        if k not in NUMERIC_AXES:
+            where = {"form": "set form on each arm, or as axes.form", "hardware": "set hardware on an arm, or as "
+                     "axes.hardware", "model": "set the grid's model, or axes.model"}
+            raise _err(path, f"workload.{k}", "unknown field", where.get(k, f"allowed: {', '.join(NUMERIC_AXES)}"))
+    fixed = {k: _int(path, f"workload.{k}", v) for k, v in workload.items()}
     if "threads" in doc:
         fixed.setdefault("threads", _int(path, "threads", doc["threads"]))
     fixed.setdefault("batch", 1)
@@ -255,56 +549,101 @@ def from_dict(doc: Any, path: str, sha256: str) -> GridSpec:
     for k in axes:
         fixed.pop(k, None)
 
+    passes = _int(path, "passes", doc.get("passes", 1))
+    repetitions = _int(path, "repetitions", doc.get("repetitions", 3))
     warmups = _int(path, "warmups", doc.get("warmups", 1), lo=0)
+    # the size before anything is expanded (include/exclude only remove from it)
+    n_cells = math.prod(len(v) for v in axes.values())
+    n_runs = n_cells * len(arms) * passes
+    shape = " x ".join(f"{len(axes[k])} {k}" for k in sorted(axes)) or "no axes"
+    if n_runs > MAX_RUNS:
+        raise _err(path, "passes x arms x axes", f"{n_cells:,} cells ({shape}) x {len(arms)} arms x {passes:,} passes "
+                   f"= {n_runs:,} runs, more than the {MAX_RUNS:,} a grid may hold",
+                   f"split it into grids of at most {MAX_RUNS:,} runs (fewer passes, arms or axis values)")
+    if n_cells > MAX_CELLS:
+        raise _err(path, "axes", f"{shape} = {n_cells:,} cells, more than the {MAX_CELLS:,} a grid may hold",
+                   f"split it into grids of at most {MAX_CELLS:,} cells (fewer axis values)")
 
     order = doc.get("order", "interleaved")
     if order not in ORDERS:
-        raise _err(path, "order", f"unknown order {order!r}", f"allowed: {', '.join(ORDERS)}")
+        raise _err(path, "order", f"unknown order {_short(order)}", f"allowed: {', '.join(ORDERS)}")
     baseline = doc.get("baseline", names[0])
     if baseline not in names:
-        raise _err(path, "baseline", f"unknown arm {baseline!r}", f"arms: {', '.join(names)}")
-    inc, exc = doc.get("include") or [], doc.get("exclude") or []
+        raise _err(path, "baseline", f"unknown arm {_short(baseline)}", f"arms: {', '.join(names)}")
+    inc, exc = _opt(doc, "include", []), _opt(doc, "exclude", [])
     for fname, rules in (("include", inc), ("exclude", exc)):
         if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
             raise _err(path, fname, "must be a list of mappings {axis: value}")
+        if len(rules) > MAX_RULES:
+            raise _err(path, fname, f"{len(rules):,} rules, more than {MAX_RULES}", "use axes and fewer rules")
         for j, r in enumerate(rules):
-            for k in r:
-                if k not in AXIS_NAMES and k != "arm":
-                    raise _err(path, f"{fname}[{j}].{k}", "unknown axis", f"known: {', '.join(AXIS_NAMES)}, arm")
+            _rule_values(path, f"{fname}[{j}]", r, allow_arm=True)
             if "arm" in r and r["arm"] not in names:
-                raise _err(path, f"{fname}[{j}].arm", f"unknown arm {r['arm']!r}", f"arms: {', '.join(names)}")
-    timeout = doc.get("timeout_s", 900)
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise _err(path, "timeout_s", f"must be a positive number of seconds, got {timeout!r}")
-    seed = doc.get("seed", 0)
-    if not isinstance(seed, int):
-        raise _err(path, "seed", f"must be an integer, got {seed!r}")
+                raise _err(path, f"{fname}[{j}].arm", f"unknown arm {_short(r['arm'])}", f"arms: {', '.join(names)}")
     primary = _primary(path, doc.get("primary"), arms, baseline)
+    n_rules = len(inc) + len(exc) + len((primary or {}).get("cells", ()))
+    if n_cells * len(arms) * n_rules > MAX_RULE_CHECKS:  # each rule is matched against every cell and arm
+        raise _err(path, "include/exclude", f"{n_rules} rules (include, exclude, primary.cells) x {n_cells:,} cells x "
+                   f"{len(arms)} arms = {n_cells * len(arms) * n_rules:,} rule checks, more than {MAX_RULE_CHECKS:,}",
+                   "narrow the axes instead of filtering a large product, or split the grid")
+    timeout = doc.get("timeout_s", 900)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+            or not 0 < timeout <= MAX_TIMEOUT_S:
+        raise _err(path, "timeout_s", f"must be a positive number of seconds up to {MAX_TIMEOUT_S:,} (a week), "
+                   f"got {_short(timeout)}")
+    seed = doc.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise _err(path, "seed", f"must be an integer, got {_short(seed)}")
     hosts = doc.get("hosts", "spread")
     if hosts not in HOSTS:
-        raise _err(path, "hosts", f"unknown value {hosts!r}", f"allowed: {', '.join(HOSTS)} (docs/fleet.md)")
-    spec = GridSpec(hosts=hosts, path=path, sha256=sha256, name=name, description=str(doc.get("description", "")), model=model,
+        raise _err(path, "hosts", f"unknown value {_short(hosts)}", f"allowed: {', '.join(HOSTS)} (docs/fleet.md)")
+    spec = GridSpec(hosts=hosts, path=path, sha256=sha256, name=name, description=description, model=model,
                     arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc), primary=primary,
-                    passes=_int(path, "passes", doc.get("passes", 1)),
-                    repetitions=_int(path, "repetitions", doc.get("repetitions", 3)),
-                    warmups=warmups,
+                    passes=passes, repetitions=repetitions, warmups=warmups,
                     order=order, seed=seed, baseline=baseline, timeout_s=float(timeout))
-    _validate_engines(spec)
+    _validate_engines(spec, avail)
     return spec
 
 
-def _validate_engines(spec: GridSpec) -> None:
-    """Each arm's options, and the workload of every cell it runs in, as its engine can honour them: refused
-    here (at load, so at `harness plan`), before anything runs."""
+# what _validate_hardware reads of a cell: cells alike in these are checked once
+_HARDWARE_KEYS = ("hardware", "threads", "model", "batch", "context_len", "form")
+
+
+def _validate_engines(spec: GridSpec, avail: list[int] | None = None) -> None:
+    """Each arm's options, and the workload of every cell it runs in, as its engine can honour them, and as
+    the machine can run them (native threads within `avail`, when given; an emulated class's own rules):
+    refused here (at load, so at `harness plan`), before anything runs."""
     from harness.engines import engine_class
     cells = expand(spec)
+    runs_in = [(c, {a.name for a in arms_for(spec, c)}) for c in cells]
+    checked: set[tuple] = set()
     for a in spec.arms:
-        mine = [c for c in cells if a in arms_for(spec, c)]
+        mine = [c for c, names in runs_in if a.name in names]
         values = {k: (f"axes.{k}" if k in spec.axes else f"workload.{k}", {c.params[k] for c in mine})
                   for k in ("batch", "context_len", "prompt_len", "gen_len") if mine and k in mine[0].params}
         engine_class(a.engine)().validate(spec.path, a, values, spec.warmups)
+        if avail is not None:
+            _validate_threads(spec, a, mine, avail)
         for c in mine:
-            _validate_hardware(spec, a, c)
+            key = (a.name, *(c.params.get(k) for k in _HARDWARE_KEYS))
+            if key not in checked:
+                checked.add(key)
+                _validate_hardware(spec, a, c)
+
+
+def _validate_threads(spec: GridSpec, arm: Arm, cells: list[Cell], avail: list[int]) -> None:
+    """A native run's threads within the CPUs this process may run on (emulated runs: emulate.plan's rule,
+    the class's cores, which this machine must have)."""
+    native = [c for c in cells if hardware_of(arm, c.params) is None]
+    if not native:
+        return
+    threads = max(int(arm.options.get("threads") or c.params.get("threads") or 1) for c in native)
+    if threads > len(avail):
+        src = f"arms[{arm.name}].threads" if "threads" in arm.options else \
+            "axes.threads" if "threads" in spec.axes else "threads"
+        raise _err(spec.path, src, f"{threads} threads asked of arm {arm.name!r}, but this process may run on "
+                   f"{len(avail)} CPU(s) ({cpu_list(avail)}, os.sched_getaffinity)",
+                   f"use at most {len(avail)} threads, or plan and run the grid on a machine with more CPUs")
 
 
 def model_of(spec: GridSpec, params: dict) -> str:
@@ -373,16 +712,16 @@ def _primary(path: str, raw: Any, arms: list[Arm], baseline: str) -> dict | None
                 raise _err(path, f"primary.{key}", "must be a non-empty list of names", f"known: {', '.join(allowed)}")
             bad = [v for v in vals if v not in allowed]
             if bad:
-                raise _err(path, f"primary.{key}", f"unknown {key[:-1]} {bad[0]!r}", f"known: {', '.join(allowed)}")
+                raise _err(path, f"primary.{key}", f"unknown {key[:-1]} {_short(bad[0])}", f"known: {', '.join(allowed)}")
             out[key] = list(vals)
     if "cells" in raw:
         rules = raw["cells"]
         if not isinstance(rules, list) or not rules or not all(isinstance(r, dict) for r in rules):
             raise _err(path, "primary.cells", "must be a list of mappings {axis: value}")
+        if len(rules) > MAX_RULES:
+            raise _err(path, "primary.cells", f"{len(rules):,} rules, more than {MAX_RULES}", "declare fewer cells")
         for j, r in enumerate(rules):
-            for k in r:
-                if k not in AXIS_NAMES:
-                    raise _err(path, f"primary.cells[{j}].{k}", "unknown axis", f"known: {', '.join(AXIS_NAMES)}")
+            _rule_values(path, f"primary.cells[{j}]", r, allow_arm=False)
         out["cells"] = [dict(r) for r in rules]
     return out
 
@@ -435,22 +774,22 @@ def cell_id(params: dict) -> str:
 def expand(spec: GridSpec) -> list[Cell]:
     """Cartesian product of the axes, plus the fixed workload, filtered by include/exclude. Pure."""
     keys = sorted(spec.axes)
+    id_keys = sorted({*spec.fixed, *keys})  # every cell has the same keys: cell_id's order, sorted once
+    drop = [r for r in spec.exclude if "arm" not in r]  # a rule naming an arm drops that arm only (arms_for)
     cells = []
     for combo in itertools.product(*(spec.axes[k] for k in keys)):
         params = {**spec.fixed, **dict(zip(keys, combo))}
         if spec.include and not any(_matches(r, params) for r in spec.include):
             continue
-        if any(_matches({k: v for k, v in r.items() if k != "arm"}, params) and "arm" not in r for r in spec.exclude):
+        if drop and any(_matches(r, params) for r in drop):
             continue
-        cells.append(Cell(id=cell_id(params), params=params))
+        cells.append(Cell(id=",".join([f"{k}={params[k]}" for k in id_keys]), params=params))
     return cells
 
 
 def arms_for(spec: GridSpec, cell: Cell) -> list[Arm]:
     """Arms that run in a cell: exclude rules that name an arm remove it from matching cells."""
-    out = []
-    for a in spec.arms:
-        if any("arm" in r and _matches(r, cell.params, a.name) for r in spec.exclude):
-            continue
-        out.append(a)
-    return out
+    rules = [r for r in spec.exclude if "arm" in r]
+    if not rules:
+        return list(spec.arms)
+    return [a for a in spec.arms if not any(_matches(r, cell.params, a.name) for r in rules)]

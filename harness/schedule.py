@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 
 from harness.grid import Cell, GridSpec, arms_for, expand
 
@@ -48,6 +49,12 @@ def williams(n: int) -> list[list[int]]:
     return rows
 
 
+@lru_cache(maxsize=64)
+def _design(n: int) -> tuple[list[int], ...]:
+    """williams(n), built once per n (each cell's arm_orders shuffles its rows; the rows are shared, read only)."""
+    return tuple(williams(n))
+
+
 def arm_orders(n_arms: int, passes: int, seed: int) -> list[list[int]]:
     """The arm order of each pass."""
     if n_arms == 1:
@@ -55,11 +62,11 @@ def arm_orders(n_arms: int, passes: int, seed: int) -> list[list[int]]:
     if n_arms == 2:
         abba = [[0, 1], [1, 0], [1, 0], [0, 1]]
         return [abba[p % 4] for p in range(passes)]
-    rows = williams(n_arms)
+    rows = _design(n_arms)
     rng = random.Random(seed)
     out: list[list[int]] = []
     while len(out) < passes:
-        block = rows[:]
+        block = list(rows)
         rng.shuffle(block)  # a seeded order of rows in each block of the design
         out.extend(block)
     return out[:passes]
@@ -68,25 +75,26 @@ def arm_orders(n_arms: int, passes: int, seed: int) -> list[list[int]]:
 def schedule(spec: GridSpec) -> list[RunSpec]:
     cells = expand(spec)
     entries: list[tuple[Cell, str, int, int]] = []  # cell, arm, pass, position
+    cell_arms = [arms_for(spec, cell) for cell in cells]  # once per cell, not once per pass
     if spec.order == "interleaved":
+        # each cell gets its own rotation of the design so arm order is not aligned across cells
+        orders = [arm_orders(len(arms), spec.passes, spec.seed + ci) for ci, arms in enumerate(cell_arms)]
         for p in range(spec.passes):
             pos = 0
             for ci, cell in enumerate(cells):
-                arms = arms_for(spec, cell)
-                # each cell gets its own rotation of the design so arm order is not aligned across cells
-                orders = arm_orders(len(arms), spec.passes, spec.seed + ci)
-                for k in orders[p]:
+                arms = cell_arms[ci]
+                for k in orders[ci][p]:
                     entries.append((cell, arms[k].name, p, pos))
                     pos += 1
     elif spec.order == "sequential":
-        for cell in cells:
-            for arm in arms_for(spec, cell):
+        for cell, arms in zip(cells, cell_arms):
+            for arm in arms:
                 for p in range(spec.passes):
                     entries.append((cell, arm.name, p, 0))
     else:  # random
         for p in range(spec.passes):
-            for cell in cells:
-                for arm in arms_for(spec, cell):
+            for cell, arms in zip(cells, cell_arms):
+                for arm in arms:
                     entries.append((cell, arm.name, p, 0))
         random.Random(spec.seed).shuffle(entries)
     if spec.order != "interleaved":
@@ -104,13 +112,17 @@ def plan_rows(runs: list[RunSpec]) -> list[dict]:
              "run_key": r.run_key} for r in runs]
 
 
-def passes_warning(spec: GridSpec) -> str | None:
+def passes_warning(spec: GridSpec, m: int | None = None) -> str | None:
     """Whether the grid's passes can reach a verdict at all over its family of comparisons (before anything
-    runs): every verdict the grid gives (its declared primaries, or all), Bonferroni over them."""
+    runs): every verdict the grid gives (its declared primaries, or all), Bonferroni over them. `m`: the
+    family's size, when the caller has it."""
     from harness import stats
     from harness.grid import family
-    m = len(family(spec))
-    if m == 0 or stats.reachable(spec.passes, m):
+    if m is None:
+        m = len(family(spec))
+    # reachable is monotone in the passes: compare with the fewest that reach (small n), never build the
+    # signed-rank distribution of `passes` itself (cubic in it: a grid of 1000 passes would hang the plan)
+    if m == 0 or spec.passes >= stats.passes_needed(m):
         return None
     scope = "declared primary" if spec.primary else "every"
     return (f"warning: {spec.passes} passes can never give a verdict: the family is {scope} comparison of the grid "
@@ -130,7 +142,7 @@ def format_plan(spec: GridSpec, runs: list[RunSpec]) -> str:
         lines.append(f"family: {m} comparison(s) given verdicts ({'declared primaries' if spec.primary else 'all'}), "
                      f"each interval at {stats.level_text(1 - stats.ALPHA / m)} (Bonferroni); "
                      f"{stats.passes_needed(m)} passes needed for a verdict")
-    warn = passes_warning(spec)
+    warn = passes_warning(spec, m)
     if warn:
         lines.append(warn)
     lines.append(f"{'#':>4}  {'pass':>4}  {'pos':>3}  {'arm':<20} cell")
