@@ -298,7 +298,7 @@ def lost_document(spec: grid.GridSpec, run: RunSpec, m: Machine, start: str, t0:
                  env, engine=m.info.get("engines", {}).get(arm.engine),
                  requested={"options": dict(arm.options), "threads": threads})
     return runner.document(spec, run, res, host, timing, model_block=model_block, threads=threads,
-                           cpus=list(arm.cpus or range(threads)), env=env,
+                           cpus=list(arm.cpus or runner.default_cpus(threads)), env=env,
                            executor={"name": "ray", "node_id": m.node, "node_ip": m.info.get("node_ip"),
                                      "ray_version": _ray().__version__})
 

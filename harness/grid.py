@@ -49,7 +49,8 @@ MAX_ARMS = 64  # arms of one grid (each pass's order is a Williams design over t
 MAX_RULES = 200  # entries of include, of exclude and of primary.cells
 MAX_RULE_CHECKS = 1_000_000  # rules x cells x arms: each rule is matched against every cell (and arm)
 MAX_TIMEOUT_S = 7 * 86400  # a run's timeout_s: a week
-MAX_NAME_BYTES = 100  # a grid or arm name becomes a path component (store folders, plots); filesystems allow 255
+# a grid or arm name becomes a path component (store folders, plots): the one rule of harness/paths.py
+from harness.paths import MAX_NAME_BYTES, name_problem  # noqa: E402
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 WHY_NO_DEFAULTS = "each of prompt_len, context_len, gen_len has produced a wrong conclusion when left at a default"
 
@@ -296,25 +297,6 @@ def entries(path: str, fld: str, raw: Any, allowed: set[str], hint: str) -> list
         only_fields(path, f, item, allowed)
         out.append((f, item))
     return out
-
-
-def name_problem(name: Any) -> str | None:
-    """Why a name cannot be one path component (a store folder, a plot file), or None: not a string, empty,
-    '.' or '..', a path separator, NUL or another control character, a leading '-' (read as an option),
-    more than MAX_NAME_BYTES bytes."""
-    if not isinstance(name, str) or not name:
-        return "must be a non-empty string"
-    if name in (".", ".."):
-        return f"{name!r} names a folder"
-    if "/" in name or "\\" in name:
-        return "holds a path separator"
-    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
-        return "holds a control character"
-    if name.startswith("-"):
-        return "starts with '-'"
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-        return f"is longer than {MAX_NAME_BYTES} bytes"
-    return None
 
 
 def grid_name(path: str, name: Any) -> str:
@@ -622,8 +604,7 @@ def _validate_engines(spec: GridSpec, avail: list[int] | None = None) -> None:
         values = {k: (f"axes.{k}" if k in spec.axes else f"workload.{k}", {c.params[k] for c in mine})
                   for k in ("batch", "context_len", "prompt_len", "gen_len") if mine and k in mine[0].params}
         engine_class(a.engine)().validate(spec.path, a, values, spec.warmups)
-        if avail is not None:
-            _validate_threads(spec, a, mine, avail)
+        _validate_threads(spec, a, mine, avail)
         for c in mine:
             key = (a.name, *(c.params.get(k) for k in _HARDWARE_KEYS))
             if key not in checked:
@@ -631,16 +612,20 @@ def _validate_engines(spec: GridSpec, avail: list[int] | None = None) -> None:
                 _validate_hardware(spec, a, c)
 
 
-def _validate_threads(spec: GridSpec, arm: Arm, cells: list[Cell], avail: list[int]) -> None:
-    """A native run's threads within the CPUs this process may run on (emulated runs: emulate.plan's rule,
-    the class's cores, which this machine must have)."""
+def _validate_threads(spec: GridSpec, arm: Arm, cells: list[Cell], avail: list[int] | None) -> None:
+    """A native run's threads within the arm's own cpus (one thread per CPU: `harness check` refuses a run whose
+    threads exceed its affinity) and, given `avail`, within the CPUs this process may run on (emulated runs:
+    emulate.plan's rule, the class's cores, which this machine must have)."""
     native = [c for c in cells if hardware_of(arm, c.params) is None]
     if not native:
         return
     threads = max(int(arm.options.get("threads") or c.params.get("threads") or 1) for c in native)
-    if threads > len(avail):
-        src = f"arms[{arm.name}].threads" if "threads" in arm.options else \
-            "axes.threads" if "threads" in spec.axes else "threads"
+    src = f"arms[{arm.name}].threads" if "threads" in arm.options else \
+        "axes.threads" if "threads" in spec.axes else "threads"
+    if arm.cpus and threads > len(arm.cpus):
+        raise _err(spec.path, src, f"{threads} threads asked of arm {arm.name!r}, but its cpus are "
+                   f"{cpu_list(arm.cpus)} ({len(arm.cpus)} CPU(s))", f"list at least {threads} cpus, or use fewer threads")
+    if avail is not None and threads > len(avail):
         raise _err(spec.path, src, f"{threads} threads asked of arm {arm.name!r}, but this process may run on "
                    f"{len(avail)} CPU(s) ({cpu_list(avail)}, os.sched_getaffinity)",
                    f"use at most {len(avail)} threads, or plan and run the grid on a machine with more CPUs")

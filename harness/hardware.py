@@ -302,12 +302,10 @@ def measured_overhead(engine: str, store: Path | None = None, host: str | None =
     named as one, where the store has none."""
     import statistics
 
-    from harness.store import Store, gc_paused, load_path
+    from harness.store import Store
     root = Path(store or PROJECT_ROOT / "artifacts")
-    with gc_paused():
-        arts = [a for a in (load_path(p) for p in Store(root).iter_paths()
-                            if p.parent.name in ("vllm-vs-llamacpp", "batch-sweep", "quickstart"))
-                if a.kind == "run" and a.status == "ok" and a.engine.name == engine and a.residency.peak_memory]
+    arts = [a for a in Store(root).load_accepted(folders=("vllm-vs-llamacpp", "batch-sweep", "quickstart"))[0]
+            if a.kind == "run" and a.status == "ok" and a.engine.name == engine and a.residency.peak_memory]
     rows: dict[str, list[int]] = {}
     for a in arts:
         rss = a.residency.peak_memory.get("rss_bytes")
@@ -388,9 +386,9 @@ def bandwidth_tier(host_key: str, store: Path | None = None, emulation: str | No
     """The read-bandwidth tier of a host (or of a class emulated on it) from its newest calibration at its
     most threads; None where it has none (with the command that measures one)."""
     from harness.ceiling import best_by_threads
-    from harness.store import Store, load_path
+    from harness.store import Store
     root = Path(store or PROJECT_ROOT / "baselines")
-    cals = [a for a in (load_path(p) for p in Store(root).iter_paths("calibration"))
+    cals = [a for a in Store(root).load_accepted("calibration")[0]
             if a.host.key == host_key and (a.host.emulation or None) == emulation]
     if not cals:
         return None, f"no calibration of host {host_key} in {root}: run `harness probe --bandwidth`"

@@ -68,7 +68,7 @@ def name_problem(name: object) -> str | None:
         return f"{name!r} names a folder, not a file"
     if "/" in name or "\\" in name:
         return "holds a path separator"
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
         return "holds a control character"
     if name.startswith("-"):
         return "starts with '-'"

@@ -87,6 +87,12 @@ def _model_block(model: str, form: str) -> tuple[dict, dict[str, Path]]:
     return block, weights
 
 
+def default_cpus(threads: int) -> list[int]:
+    """An arm without cpus runs on the first `threads` CPUs this process may use (not 0..threads-1: under an
+    affinity that excludes CPU 0, taskset would refuse those)."""
+    return sorted(os.sched_getaffinity(0))[:threads]
+
+
 def _threads(spec: grid.GridSpec, arm: grid.Arm, params: dict) -> int:
     return int(arm.options.get("threads") or params.get("threads"))
 
@@ -105,7 +111,7 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
     form_override = {"form": {"requested": "auto", "effective": form, "rule": hardware.derive_dtype(
         profile or hardware.current_profile(), engine.name)[1]}} if asked == "auto" else {}
     model_block, weights = _model_block(model, form)
-    cpus = em.cpus if em else (arm.cpus or list(range(threads)))
+    cpus = em.cpus if em else (arm.cpus or default_cpus(threads))
     observe = arm.observe != "bare"
     workdir = Path(tempfile.mkdtemp(prefix=f"run-{run.run_key}-", dir=workroot))
     ctx = RunContext(spec=spec, run=run, arm=arm, threads=threads, cpus=cpus, workdir=workdir, timeout_s=spec.timeout_s,

@@ -274,7 +274,7 @@ def test_cpus_the_machine_does_not_have_refused(cpus, fragment):
 
 @pytest.mark.usefixtures("two_cpus")
 def test_threads_beyond_the_machine_refused():
-    assert _arm(cpus=[1], threads=2).arms[0].cpus == [1]
+    assert _arm(cpus=[1], threads=1).arms[0].cpus == [1]
     with pytest.raises(UserError, match=r"arms\[a\].threads: 3 threads asked of arm 'a', but this process may run "
                                         r"on 2 CPU\(s\) \(0-1"):
         _arm(threads=3)
@@ -450,3 +450,17 @@ def test_random_yaml_text_is_a_user_error(tmp_path):
     p.write_bytes(b"name: \xff\xfe")
     with pytest.raises(UserError, match="not UTF-8"):
         grid.load(p)
+
+
+def test_threads_beyond_the_arms_own_cpus_refused(write_grid):
+    """One thread per CPU: a run whose threads exceed its affinity is refused by check, so plan refuses it first."""
+    g = write_grid("""
+        name: over
+        arms:
+          - {name: a, engine: command, options: {cmd: "true"}, cpus: [0]}
+        workload: {prompt_len: 1, context_len: 1, gen_len: 1}
+        threads: 2
+        passes: 1
+    """)
+    with pytest.raises(UserError, match=r"threads: 2 threads asked of arm 'a', but its cpus are 0 \(1 CPU"):
+        grid.load(g)

@@ -98,10 +98,9 @@ def measured_costs(root: Path | None = None, host_key: str | None = None) -> dic
     published artifacts/): medians over its warm-cache runs. Another machine's costs are never borrowed."""
     from harness.paths import PROJECT_ROOT
     from harness.provenance import current_host_key
-    from harness.store import load_path
+    from harness.store import Store
     host_key = host_key or current_host_key()
-    d = Path(root or PROJECT_ROOT / "artifacts") / COST_GRID
-    arts = [load_path(p) for p in sorted(d.glob("*.json"))] if d.is_dir() else []
+    arts = Store(Path(root or PROJECT_ROOT / "artifacts")).load_accepted(COST_GRID)[0]
     ok = [a for a in arts if a.status == "ok" and a.kind == "run" and a.host.key == host_key]
     if not ok:
         return None
