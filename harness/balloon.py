@@ -12,6 +12,7 @@ import json
 import mmap
 import os
 import resource
+import select
 import subprocess
 import sys
 import time
@@ -46,34 +47,49 @@ def hold(nbytes: int) -> int:
 
 
 class Balloon:
-    """Inflate in a child process; `close()` (or leaving the `with` block) deflates it."""
+    """Inflate in a child process (contained: harness/lifecycle.py); `close()` (or leaving the `with` block)
+    deflates it, and kills it and anything it started if it does not exit."""
+
+    stderr = ""  # its stderr, read when it failed to inflate
 
     def __init__(self, nbytes: int, timeout_s: float = 120.0) -> None:
         self.requested = int(nbytes)
         self.proc = popen([sys.executable, "-m", "harness.balloon", str(self.requested)],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         t0 = time.time()
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        ready = select.poll()
+        ready.register(self.proc.stdout.fileno(), select.POLLIN | select.POLLHUP)
+        line = self.proc.stdout.readline() if ready.poll(int(timeout_s * 1000)) else ""  # one line, flushed
         self.inflate_s = round(time.time() - t0, 3)
         try:
             self.state = json.loads(line)
         except ValueError:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            self.close()
-            raise RuntimeError(f"memory balloon of {self.requested} bytes failed: {err.strip()[-300:] or 'no output'}")
+            self.close(read_stderr=True)
+            late = " (took too long to inflate)" if time.time() - t0 > timeout_s else ""
+            raise RuntimeError(f"memory balloon of {self.requested} bytes failed{late}: "
+                               f"{self.stderr.strip()[-300:] or 'no output'}") from None
         if time.time() - t0 > timeout_s:
             self.close()
             raise RuntimeError("memory balloon took too long to inflate")
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
+    def close(self, read_stderr: bool = False) -> None:
+        stdin = self.proc.stdin
+        if stdin and not stdin.closed:
             try:
-                if self.proc.stdin:
-                    self.proc.stdin.close()
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                stdin.close()  # it deflates and exits when its stdin closes
+            except OSError:  # it is gone already
+                pass
+        try:
+            self.proc.wait(timeout=30)  # contained: what it started dies with it
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc.release()  # if it did not exit: killed now
+        self.proc.wait()
+        if read_stderr and self.proc.stderr and not self.proc.stderr.closed:
+            self.stderr = self.proc.stderr.read(64 << 10)  # it is dead: bounded, and no wait for EOF
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f and not f.closed:
+                f.close()
 
     def __enter__(self) -> "Balloon":
         return self

@@ -7,15 +7,23 @@ emits (names with one definition across engines: harness/metrics.py), `run` for 
 engines, `generate` for fidelity. Every run reports each declared setting as requested and as read back
 from the engine (`settings`); `harness check` fails a run whose effective value differs.
 
-A process runs with a timeout and a peak-memory poller; its stderr tail is kept for failures.
+A process (run_process) runs contained (harness/lifecycle.py: it and everything it starts are killed when it
+ends), with a timeout and a peak-memory poller. Its end is its exit, not the closing of its output (a child
+left holding stdout cannot stretch a run). Its output is read while it runs, never more of it in memory than
+a bound: stdout whole up to the caller's limit (16 MiB; reading a longer one raises OutputTooLarge) or only its
+tail where the caller does not parse it, stderr's last 64 KiB (kept for failures).
 """
 
 from __future__ import annotations
 
+import fcntl
+import locale
 import os
+import select
+import shlex
 import shutil
-import signal
 import subprocess
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -207,15 +215,42 @@ def process_affinity(pid: int) -> list[int] | None:
         return None
 
 
-@dataclass
+STDOUT_LIMIT = 16 << 20  # the most stdout run_process reads back whole for a caller that parses it
+TAIL_BYTES = 64 << 10  # what is kept of stderr (and of stdout where the caller does not parse it): the last bytes
+
+
+class OutputTooLarge(RuntimeError):
+    """A process wrote more to stdout than its caller reads back (run_process's stdout_limit)."""
+
+
 class ProcResult:
-    returncode: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    peak_memory: dict
-    wall_s: float
-    affinity: list[int] | None = None  # the CPUs the kernel let the engine process run on (read after exec)
+    """One process's outcome. `stdout`: whole, or (run_process with stdout_limit=None) its last TAIL_BYTES;
+    reading it raises OutputTooLarge where it was longer than the limit. `stderr`: its last TAIL_BYTES.
+    `*_bytes`: how much the process wrote."""
+
+    def __init__(self, returncode: int | None, stdout: str, stderr: str, timed_out: bool, peak_memory: dict,
+                 wall_s: float, affinity: list[int] | None = None, stdout_bytes: int | None = None,
+                 stderr_bytes: int | None = None, too_large: str | None = None) -> None:
+        self.returncode = returncode
+        self._stdout = stdout
+        self.stderr = stderr
+        self.timed_out = timed_out
+        self.peak_memory = peak_memory
+        self.wall_s = wall_s
+        self.affinity = affinity  # the CPUs the kernel let the engine process run on (read after exec)
+        self.stdout_bytes = len(stdout) if stdout_bytes is None else stdout_bytes
+        self.stderr_bytes = len(stderr) if stderr_bytes is None else stderr_bytes
+        self.too_large = too_large
+
+    @property
+    def stdout(self) -> str:
+        if self.too_large:
+            raise OutputTooLarge(self.too_large)
+        return self._stdout
+
+    def __repr__(self) -> str:
+        return (f"ProcResult(returncode={self.returncode}, timed_out={self.timed_out}, wall_s={self.wall_s:.3f}, "
+                f"stdout_bytes={self.stdout_bytes}, stderr_bytes={self.stderr_bytes})")
 
 
 def affinity_prefix(cpus: list[int] | None, numa: int | None) -> list[str]:
@@ -234,25 +269,104 @@ def affinity_prefix(cpus: list[int] | None, numa: int | None) -> list[str]:
 
 
 def run_process(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path | None = None,
-                poll_s: float | None = 0.5) -> ProcResult:
-    """Run one process (its own session, so a timeout kills the whole tree), watching peak memory."""
+                poll_s: float | None = 0.5, stdout_limit: int | None = STDOUT_LIMIT) -> ProcResult:
+    """Run one process, contained (its own session; it and all it starts are killed at its end), watching peak
+    memory. It ends when it exits (or at timeout_s): what it left running is killed then, holding its output or
+    not. stdout_limit: the stdout read back whole (beyond it, reading ProcResult.stdout raises OutputTooLarge);
+    None: the caller does not parse stdout, only its tail is kept."""
     t0 = time.time()
-    proc = popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                 start_new_session=True, text=True, errors="replace")
-    affinity = _engine_affinity(proc.pid, cmd)
-    timed_out = False
-    with (PeakMemory(proc.pid, poll_s) if poll_s else _NotObserved()) as pm:
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
-    return ProcResult(proc.returncode, out, err, timed_out, pm.result(), time.time() - t0, affinity)
+    proc = popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
+    drain = None
+    try:
+        drain = _Drain(proc, stdout_limit)
+        affinity = _engine_affinity(proc.pid, cmd)
+        with (PeakMemory(proc.pid, poll_s) if poll_s else _NotObserved()) as pm:
+            timed_out = not proc.exited(max(0.0, t0 + timeout_s - time.time()))
+            wall = time.time() - t0
+    finally:
+        proc.release()  # the run's end: the process (at a timeout) and whatever it started, killed
+        proc.wait()
+        if drain is not None:
+            drain.finish()
+    out, err = drain.streams
+    too_large = None
+    if stdout_limit is not None and out.n > stdout_limit:
+        shown = shlex.join(cmd)
+        too_large = (f"{shown[:200]}{'...' if len(shown) > 200 else ''} wrote {out.n} bytes to stdout, more than the "
+                     f"{_size(stdout_limit)} the harness reads back: have it write its output to a file")
+    return ProcResult(proc.returncode, out.text(), err.text(), timed_out, pm.result(), wall, affinity, out.n, err.n,
+                      too_large)
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n} bytes"
+
+
+F_SETPIPE_SZ = 1031
+
+
+class _Stream:
+    """One output stream's bytes: whole while within `limit` (None: 0), then only the last TAIL_BYTES."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit or 0
+        self.buf = bytearray()
+        self.n = 0
+
+    def add(self, data: bytes) -> None:
+        self.n += len(data)
+        self.buf += data
+        if self.n > self.limit and len(self.buf) > 2 * TAIL_BYTES:
+            del self.buf[:-TAIL_BYTES]
+
+    def text(self) -> str:
+        data = bytes(self.buf[-TAIL_BYTES:] if self.n > self.limit else self.buf)
+        text = data.decode(locale.getpreferredencoding(False), errors="replace")
+        return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as text=True reads
+
+
+class _Drain:
+    """Reads a process's stdout and stderr in a thread while it runs, so that it never blocks on a full pipe and
+    no more than a bound is held; `finish` (after the run's end) drains what is left and closes the pipes."""
+
+    def __init__(self, proc: subprocess.Popen, stdout_limit: int | None) -> None:
+        self.streams = (_Stream(stdout_limit), _Stream(None))
+        self.files = (proc.stdout, proc.stderr)
+        self.stop = threading.Event()
+        for f in self.files:
+            try:  # fewer wake-ups for a chatty process (at most the user's pipe-max-size)
+                fcntl.fcntl(f.fileno(), F_SETPIPE_SZ, 1 << 20)
+            except OSError:
+                pass
+        self.thread = threading.Thread(target=self._loop, daemon=True, name=f"drain-{proc.pid}")
+        self.thread.start()
+
+    def _loop(self) -> None:
+        fds = {f.fileno(): s for f, s in zip(self.files, self.streams)}
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN | select.POLLHUP)
+        while fds:
+            ready = poller.poll(50 if self.stop.is_set() else 250)
+            if not ready and self.stop.is_set():  # ended, killed, and nothing more comes: a holder not ours
+                return
+            for fd, _ in ready:
+                try:
+                    data = os.read(fd, 1 << 20)
+                except OSError:
+                    data = b""
+                if data:
+                    fds[fd].add(data)
+                else:
+                    poller.unregister(fd)
+                    del fds[fd]
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        if not self.thread.is_alive():
+            for f in self.files:
+                f.close()
 
 
 WRAPPERS = ("taskset", "numactl")

@@ -1,6 +1,7 @@
 """The command engine: any shell command as an arm, timed as a whole process (like hyperfine).
 
-Options: cmd (required, run with /bin/sh -c). Each warm-up and repetition is a fresh process.
+Options: cmd (required, run with /bin/sh -c). Each warm-up and repetition is a fresh process, contained: it
+ends when /bin/sh exits, and whatever it left running (a background job, a setsid'd daemon) is killed then.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ class Command(Engine):
         affinity = None
         deadline = time.time() + ctx.timeout_s
         for i in range(ctx.spec.warmups + ctx.spec.repetitions):
-            r = run_process(cmd, env, max(0.1, deadline - time.time()), poll_s=0.05 if ctx.observe else None)
+            # stdout is not parsed: only its tail is kept, however much the command writes (like hyperfine, which
+            # discards it); the process and whatever it leaves running end with the repetition (lifecycle)
+            r = run_process(cmd, env, max(0.1, deadline - time.time()), poll_s=0.05 if ctx.observe else None,
+                            stdout_limit=None)
             affinity = affinity if affinity is not None else r.affinity
             if r.peak_memory.get("rss_bytes", 0) >= peak.get("rss_bytes", 0):
                 peak = r.peak_memory
