@@ -16,6 +16,7 @@ ENGINES: dict[str, str] = {
     "llama-bench": "harness.engines.llama_bench:LlamaBench",
     "vllm": "harness.engines.vllm:Vllm",
     "command": "harness.engines.command:Command",
+    "openvino": "harness.engines.openvino:OpenVino",
 }
 
 

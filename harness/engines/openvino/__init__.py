@@ -1,0 +1,275 @@
+"""The OpenVINO GenAI engine: openvino_genai.LLMPipeline on the CPU, loading the zoo's GGUF files directly.
+
+The very GGUF file a llama.cpp arm loads (same path, same sha256) is loaded by OpenVINO GenAI's own GGUF
+reader, so an arm of each engine on one form is a like-for-like A/B. One fresh process of worker.py per run
+(the only code that imports openvino), pinned by taskset like every engine: per repetition it submits one
+request of the harness's prompt token ids (harness/metrics.py: the same ids as every engine), decodes greedily
+with end-of-sequence ignored for exactly gen_len tokens, and stamps every output token in a streamer after
+it is sampled and detokenized. The metrics are computed from those stamps by harness/metrics.py, as for
+llama.cpp and vLLM. docs/engines.md walks through this package as the example of adding an engine.
+
+Read back: the threads that ran the model (the worker's threads with CPU time during the measured
+requests, from the kernel: LLMPipeline does not expose its compiled model, so INFERENCE_NUM_THREADS cannot be
+read from it), the worker's CPU affinity, prompt and output token counts, sequences per step, the build
+strings. Not read back (observe only): the KV cache size (the paged-attention cache is allocated by the
+library as the request grows; context_len is a bound checked against prompt_len + gen_len, not passed to
+it) and the weight types (the GGUF file's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import re
+import sys
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from harness import metrics, models
+from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
+                                  setting, tail)
+from harness.errors import UserError
+
+DIST = "openvino-genai"
+PIN = "2026.4.1.0"  # pyproject.toml's extra `openvino`
+INSTALL_FIX = "pip install -e '.[openvino]' in the project's venv (make installs it)"
+# The GGUF weight types this engine accepts. Verified by hand with openvino-genai 2026.4.1.0 on the zoo's
+# smollm2-135m files: q8_0, q4_0 and q4_1 load and generate; f32 and bf16 are refused by the library itself
+# ("Unsupported quantization type"), so they are refused here at plan, before anything runs.
+GGUF_TYPES = ("q8_0", "q4_0", "q4_1")
+FORMS = tuple(f"gguf-{t}" for t in GGUF_TYPES)
+# Paged attention (the continuous-batching backend), GenAI's default on CPU, pinned so that a changed default
+# cannot change what is measured; with it, the threads that run the model are exactly INFERENCE_NUM_THREADS.
+ATTENTION_BACKEND = "PA"
+WORKER = Path(__file__).with_name("worker.py")
+# The shared libraries that make up the engine, hashed into provenance (sha256 of the installed file, and the
+# sha256 the wheel's RECORD lists for it): the runtime, the CPU plugin, the GGUF reader, GenAI, the tokenizers.
+LIBRARY = re.compile(r"lib(openvino|openvino_intel_cpu_plugin|openvino_gguf_frontend|openvino_genai|"
+                     r"openvino_tokenizers)\.so(\.\d+)*$")
+DISTS = ("openvino", "openvino-genai", "openvino-tokenizers")
+ENV_PREFIXES = ("OV_", "OPENVINO_", "TBB_")  # not among provenance's prefixes (OMP_, VLLM_, GGML_, KMP_)
+
+TIMESTAMPS = ("time.perf_counter() in the worker's StreamerBase.write, after each token is sampled (OpenVINO GenAI's "
+              "greedy sampler) and detokenized (Tokenizer.decode of the token, in the callback), relative to the "
+              "generate() call that submits the request; the library's own per-token times "
+              "(perf_metrics.raw_metrics, stamped before the streamer) are kept beside them in library_times")
+THREADS_SOURCE = ("threads of the worker process with at least 10% of the busiest one's CPU time "
+                  "(/proc/self/task/*/schedstat) over the measured requests: LLMPipeline does not expose its "
+                  "compiled model, whose INFERENCE_NUM_THREADS the worker set")
+CONTEXT_REASON = ("not settable: OpenVINO GenAI's paged KV cache is allocated by the library as the request grows "
+                  "(no context size is passed); prompt_len + gen_len is checked not to exceed context_len")
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        raise UserError("engine openvino", f"{dist} is not installed (the optional extra `openvino`)",
+                        INSTALL_FIX) from None
+
+
+def require() -> str:
+    """The installed openvino-genai version, or a one-line UserError naming the extra (never imports openvino)."""
+    v = _version(DIST)
+    if v != PIN:
+        raise UserError("engine openvino", f"{DIST} {v} is installed, the harness pins {PIN} (the forms it accepts "
+                        "were verified with that version)", INSTALL_FIX)
+    return v
+
+
+def _record_hex(h) -> str | None:
+    """A RECORD entry's hash (urlsafe base64 of the digest) as hex."""
+    import base64
+    if h is None or h.mode != "sha256":
+        return None
+    return base64.urlsafe_b64decode(h.value + "=" * (-len(h.value) % 4)).hex()
+
+
+@lru_cache(maxsize=None)
+def _build_string(path: str, size: int, mtime_ns: int, version: str) -> str:
+    """The build string compiled into a library (what openvino.get_version() returns), found in its bytes."""
+    pattern = re.compile(re.escape(version.encode()) + rb"-\d+-[0-9a-f]{7,}[\w./-]*")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        at = m.find(version.encode() + b"-")
+        while at >= 0:
+            hit = pattern.match(m[at:at + 256])
+            if hit:
+                return hit.group().decode()
+            at = m.find(version.encode() + b"-", at + 1)
+    return "unknown"
+
+
+def libraries() -> dict[str, dict[str, Any]]:
+    """Each engine library: its installed path, size, sha256 (hash cache: read once per file version), and the
+    sha256 its wheel's RECORD lists (equal unless the file was changed after install)."""
+    from harness.hashcache import HashCache
+    cache = HashCache.default()
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for dist in DISTS:
+            d = metadata.distribution(dist)
+            for f in d.files or ():
+                if not LIBRARY.search(f.name):
+                    continue
+                p = Path(f.locate())
+                digest = cache.sha256(p)
+                rec = _record_hex(f.hash)
+                out[f.name] = {"dist": dist, "path": str(p), "size": p.stat().st_size, "sha256": digest,
+                               "record_sha256": rec, "matches_record": rec == digest}
+    except metadata.PackageNotFoundError as e:
+        raise UserError("engine openvino", f"{e.name} is not installed (the optional extra `openvino`)",
+                        INSTALL_FIX) from None
+    finally:
+        cache.save()
+    return out
+
+
+def _build(libs: dict[str, dict], stem: str, dist: str) -> str:
+    lib = next((v for k, v in libs.items() if k.startswith(f"lib{stem}.so")), None)
+    if lib is None:
+        return "unknown"
+    st = os.stat(lib["path"])
+    return _build_string(lib["path"], st.st_size, st.st_mtime_ns, metadata.version(dist))
+
+
+def _commit(build: str) -> str:
+    """The commit in a build string (2026.4.1-22982-e213a147257-releases/2026/4 -> e213a147257)."""
+    m = re.match(r"[\d.]+-\d+-([0-9a-f]{7,})", build)
+    return m.group(1) if m else "unknown"
+
+
+class OpenVino(Engine):
+    name = "openvino"
+    default_form = "gguf-q8_0"
+    form_prefix = "gguf-"
+    form_hint = f"openvino-genai {PIN} loads {', '.join(FORMS)}"
+    Options = Options  # threads only: nothing else is both settable and readable back
+    honours = frozenset({"prompt_len", "gen_len", "context_len", "warmups", "repetitions"})
+    max_batch = 1  # LLMPipeline streams (and so stamps) one request at a time
+    metrics = metrics.NAMES
+    observe_only = frozenset({"dtype", "kv_cache_memory_bytes", "context_len"})  # the GGUF's types; see CONTEXT_REASON
+
+    def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
+        form = form or self.default_form
+        _refuse_form(f"model {model}", form)
+        require()
+        return form
+
+    def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        if arm.form is not None:
+            _refuse_form(f"{path}: arms[{arm.name}].form", arm.form)
+        where, forms = workload.get("form", ("axes.form", set()))  # given where the grid passes its form axis
+        for f in sorted(forms):
+            _refuse_form(f"{path}: {where} (arm {arm.name})", f)
+        sizes = {k: workload.get(k, (f"workload.{k}", set())) for k in ("prompt_len", "gen_len", "context_len")}
+        if all(len(v[1]) == 1 for v in sizes.values()):  # several values: checked per run (their cells differ)
+            (p,), (g,), (c,) = (v[1] for v in sizes.values())
+            if p + g > c:
+                raise UserError(path, f"{sizes['context_len'][0]}: {c} for arm {arm.name!r}, but prompt_len {p} + "
+                                      f"gen_len {g} = {p + g} tokens do not fit in it",
+                                "raise context_len or shorten the request")
+
+    def engine_info(self) -> dict[str, Any]:
+        version = require()
+        libs = libraries()
+        ov_build, genai_build = _build(libs, "openvino", "openvino"), _build(libs, "openvino_genai", DIST)
+        genai = next((k for k in libs if k.startswith("libopenvino_genai.so")), None)
+        return {"name": "openvino", "version": f"{DIST}=={version}, openvino=={metadata.version('openvino')} (PyPI)",
+                "build_commit": f"openvino {_commit(ov_build)}, openvino-genai {_commit(genai_build)}",
+                "build": {"openvino_build": ov_build, "openvino_genai_build": genai_build,
+                          "distributions": {d: metadata.version(d) for d in DISTS},
+                          "binary": genai or "unknown", "binary_sha256": libs[genai]["sha256"] if genai else "unknown",
+                          "libraries": {k: {x: v[x] for x in ("dist", "size", "sha256", "record_sha256",
+                                                                 "matches_record")} for k, v in sorted(libs.items())},
+                          "attention_backend": ATTENTION_BACKEND,
+                          "worker": "harness/engines/openvino/worker.py",
+                          "worker_sha256": hashlib.sha256(WORKER.read_bytes()).hexdigest()}}
+
+    def run(self, ctx: RunContext, form: str) -> EngineResult:
+        p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])
+        c, b = int(ctx.params["context_len"]), int(ctx.params.get("batch", 1))
+        w, reps = ctx.spec.warmups, ctx.spec.repetitions
+        requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
+                     "context_len": c, "batch": b, "warmups": w, "repetitions": reps, **ctx.arm.options}
+        # the environment OpenVINO and its TBB threads read (passed through from the harness's own, recorded), and
+        # no user site-packages: the worker imports the openvino whose libraries engine_info hashed
+        env_rec = {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **ctx.arm.env,
+                   **ctx.env, "PYTHONNOUSERSITE": "1"}
+        info = self.engine_info()
+        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [sys.executable, str(WORKER), "request.json", "result.json"]
+        if b != 1 or p + g > c:  # refused at plan; a run reached otherwise (a cell of several values) fails here
+            why = f"batch {b}: openvino runs one request at a time" if b != 1 else \
+                f"prompt_len {p} + gen_len {g} exceed context_len {c}"
+            return failed("failed", why, cmd, env_rec, "", info, requested)
+        prompts = metrics.request_prompts(ctx.model, p, b, w + reps)
+        request = {"model_path": str(models.form_path(ctx.model, form)), "threads": ctx.threads, "gen_len": g,
+                   "attention_backend": ATTENTION_BACKEND,
+                   "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)]}
+        req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
+        req_path.write_text(json.dumps(request))
+        cmd = cmd[:-2] + [str(req_path), str(out_path)]
+        r = run_process(cmd, {**os.environ, **env_rec}, ctx.timeout_s, cwd=ctx.workdir, poll_s=ctx.poll_s)
+        if r.timed_out:
+            return failed("timeout", f"openvino worker exceeded {ctx.timeout_s:.0f} s", cmd, env_rec, r.stderr, info,
+                          requested, r.peak_memory)
+        try:
+            res = json.loads(out_path.read_text())
+        except (OSError, ValueError):
+            return failed("failed", f"openvino worker exited {r.returncode} without a result: {tail(r.stderr, 1)}", cmd,
+                          env_rec, r.stderr, info, requested, r.peak_memory)
+        if r.returncode != 0 or res.get("status") != "ok":
+            return failed("failed", res.get("error") or f"openvino worker exited {r.returncode}", cmd, env_rec,
+                          r.stderr, info, requested, r.peak_memory)
+        eff, samples = res["effective"], res["samples"]
+        problem = _mismatch(info, eff, p, g, len(samples), w + reps)
+        if problem:
+            return failed("failed", problem, cmd, env_rec, r.stderr, info, requested, r.peak_memory)
+        settings = {
+            "threads": setting(ctx.threads, eff["threads"], THREADS_SOURCE),
+            "cpus": setting(ctx.cpus, eff["cpu_affinity"], "sched_getaffinity(0) inside the openvino worker"),
+            "context_len": setting(c, None, CONTEXT_REASON),
+            "batch": setting(b, min(eff["batch_sizes"]) if None not in eff["batch_sizes"] else None,
+                             "most sequences in one generation step (perf_metrics.raw_metrics.m_batch_sizes), "
+                             "fewest over repetitions"),
+            "warmups": setting(w, sum(1 for s in samples if s["warmup"]), "warm-up requests the worker ran"),
+        }
+        effective = {**eff, "load_s": res.get("load_s"), "timestamps": TIMESTAMPS,
+                     "metric_definitions": metrics.DEFINITIONS_VERSION}
+        return EngineResult(status="ok", metrics=metrics.from_timestamps(samples, p), engine=info, requested=requested,
+                            effective=effective, command=cmd, env=env_rec, peak_memory=r.peak_memory,
+                            after_load={"status": "not separable",
+                                        "reason": "the openvino worker loads and measures in one process; see after_run"},
+                            prompt_token_hash=metrics.prompts_hash(prompts),
+                            compile_cache={"key": "n/a", "state": "n/a (no CACHE_DIR: the model is converted and "
+                                                                  "compiled in every run)"},
+                            eager=None, settings=settings)
+
+
+def _refuse_form(where: str, form: str) -> None:
+    if form not in FORMS:
+        raise UserError(where, f"openvino cannot load form {form!r}: it accepts {', '.join(FORMS)} (openvino-genai "
+                               f"{PIN} refuses GGUF f32 and bf16)", f"use one of {', '.join(FORMS)}")
+
+
+def _mismatch(info: dict, eff: dict, prompt_len: int, gen_len: int, n: int, want: int) -> str | None:
+    """What the worker read back that contradicts the request or the hashed build, if anything."""
+    if n != want:
+        return f"the worker ran {n} requests, {want} were asked"
+    if any(t != prompt_len for t in eff["prompt_tokens"]):
+        return f"the library counted {eff['prompt_tokens']} prompt tokens, prompt_len is {prompt_len}"
+    if any(t != gen_len for t in eff["output_tokens"]):
+        return f"the requests returned {eff['output_tokens']} tokens, gen_len is {gen_len}"
+    want_dir = os.path.dirname(str(metadata.distribution("openvino").locate_file("openvino/__init__.py")))
+    if os.path.realpath(eff["openvino_dir"]) != os.path.realpath(want_dir):
+        return f"the worker imported openvino from {eff['openvino_dir']}, the hashed one is in {want_dir}"
+    if eff["openvino_build"] != info["build"]["openvino_build"]:
+        return (f"the worker loaded openvino {eff['openvino_build']}, the hashed library is "
+                f"{info['build']['openvino_build']} (another openvino on the path?)")
+    if eff["openvino_genai_build"] != info["build"]["openvino_genai_build"]:
+        return (f"the worker loaded openvino-genai {eff['openvino_genai_build']}, the hashed library is "
+                f"{info['build']['openvino_genai_build']}")
+    return None
