@@ -602,7 +602,7 @@ def _validate_engines(spec: GridSpec, avail: list[int] | None = None) -> None:
     for a in spec.arms:
         mine = [c for c, names in runs_in if a.name in names]
         values = {k: (f"axes.{k}" if k in spec.axes else f"workload.{k}", {c.params[k] for c in mine})
-                  for k in ("batch", "context_len", "prompt_len", "gen_len") if mine and k in mine[0].params}
+                  for k in ("batch", "context_len", "prompt_len", "gen_len", "form") if mine and k in mine[0].params}
         engine_class(a.engine)().validate(spec.path, a, values, spec.warmups)
         _validate_threads(spec, a, mine, avail)
         for c in mine:

@@ -100,3 +100,18 @@ def test_openvino_beside_llamacpp_on_the_same_gguf(tmp_path):
     assert problems == []
     n, problems = check.check([str(tmp_path / "store")])  # what `harness check STORE` prints
     assert n == 2 and [p for p in problems if ": harness.dirty:" not in p] == []
+
+
+def test_a_form_on_an_axis_that_openvino_cannot_load_is_refused_at_plan(write_grid, cli):
+    g = write_grid("""
+        name: ov-axis
+        model: smollm2-135m
+        arms:
+          - {name: openvino, engine: openvino}
+        axes: {form: [gguf-q8_0, gguf-f32]}
+        workload: {prompt_len: 16, context_len: 256, gen_len: 8}
+        threads: 1
+        passes: 1
+    """)
+    rc, out, err = cli("plan", g)
+    assert rc == 2 and "axes.form" in err and "gguf-f32" in err and len(err.strip().splitlines()) == 1
