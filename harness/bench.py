@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness import artifact, check, report
 from harness.paths import PROJECT_ROOT
+from harness.schedule import run_key
 from harness.store import Store, load_path
 
 
@@ -31,6 +32,7 @@ def make_store(root: Path, n: int, source: Path) -> Path:
         g = dict(d["grid"])
         g["name"] = "bench"
         g["pass_index"] = i // len(docs)
+        g["run_key"] = run_key(g["cell"], g["arm"], g["pass_index"])  # consistent, as check requires
         d["grid"] = g
         st.write(artifact.finalize(d))
     return root
