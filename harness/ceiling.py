@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from harness import artifact, provenance
+from harness.engines.base import run_process
 from harness.errors import UserError
 from harness.store import Store
 
@@ -127,6 +127,9 @@ def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "ba
     return Store(Path(store_root)).write(a)
 
 
+KERNEL_TIMEOUT_S = 1800  # one thread count's kernel run; minutes on a 2-core machine at most
+
+
 def _measure_threads(n: int, reps: int, allowed: list[int], extra_env: dict, bf16: bool | None, out) -> list[dict]:
     per_threads = []
     for t in range(1, n + 1):
@@ -134,7 +137,11 @@ def _measure_threads(n: int, reps: int, allowed: list[int], extra_env: dict, bf1
                f"print(json.dumps(_kernel({t}, {reps}, {bf16!r})))"]
         env = {**os.environ, "OMP_NUM_THREADS": str(t), **extra_env}
         cpus = ",".join(str(c) for c in allowed[:t])
-        r = subprocess.run(["taskset", "-c", cpus, *cmd], capture_output=True, text=True, env=env)
+        # contained like every process the harness starts (it and anything it starts die at its end)
+        r = run_process(["taskset", "-c", cpus, *cmd], env, KERNEL_TIMEOUT_S, poll_s=None)
+        if r.timed_out:
+            raise UserError("harness probe --bandwidth", f"kernel at {t} thread(s) ran past {KERNEL_TIMEOUT_S} s",
+                            "run it on an idle machine, or with fewer --repetitions")
         if r.returncode != 0:
             raise UserError("harness probe --bandwidth", f"kernel at {t} thread(s) exited {r.returncode}: "
                             f"{(r.stderr.strip().splitlines() or ['no output'])[-1]}", "see the message")
