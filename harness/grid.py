@@ -371,9 +371,9 @@ def _arm(path: str, f: str, ra: dict, engines: Any, avail: list[int] | None) -> 
     if not isinstance(eng, str) or eng not in engines:
         raise _err(path, f"{f}.engine", f"unknown engine {_short(eng)}", f"known: {', '.join(sorted(engines))}")
     an = ra.get("name", eng)
-    why = name_problem(an)
+    why = name_problem(an) or ("holds '|', the separator of run keys (cell|arm|pass)" if "|" in an else None)
     if why:
-        raise _err(path, f"{f}.name", f"{why}, got {_short(an)} (an arm's name is part of file names)",
+        raise _err(path, f"{f}.name", f"{why}, got {_short(an)} (an arm's name is part of file names and run keys)",
                    f"letters, digits, '.', '-' and '_', at most {MAX_NAME_BYTES} bytes")
     form = ra.get("form")
     if form is not None and (not isinstance(form, str) or not form):

@@ -464,3 +464,17 @@ def test_threads_beyond_the_arms_own_cpus_refused(write_grid):
     """)
     with pytest.raises(UserError, match=r"threads: 2 threads asked of arm 'a', but its cpus are 0 \(1 CPU"):
         grid.load(g)
+
+
+def test_arm_name_with_the_run_key_separator_refused(write_grid):
+    """run_key joins cell|arm|pass: an arm named 'a|0' could share a run key with another run."""
+    g = write_grid("""
+        name: pipes
+        arms:
+          - {name: "a|b", engine: command, options: {cmd: "true"}}
+        workload: {prompt_len: 1, context_len: 1, gen_len: 1}
+        threads: 1
+        passes: 1
+    """)
+    with pytest.raises(UserError, match=r"arms\[0\]\.name: holds '\|'|name: holds '\|'"):
+        grid.load(g)
