@@ -80,7 +80,7 @@ def build_id(engine: Any) -> str:
 
 
 def weight_shas(a: Any) -> tuple[str, ...]:
-    return tuple(sorted(f.sha256 for f in a.model.files if f.path.endswith((".gguf", ".safetensors"))))
+    return tuple(sorted(f.sha256 for f in a.model.weight_files() or []))
 
 
 def model_id(a: Any) -> str:

@@ -18,10 +18,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from harness import artifact, provenance
+from harness import artifact, hardware, provenance
 from harness.engines.base import run_process
 from harness.errors import UserError
+from harness.paths import PROJECT_ROOT
 from harness.store import Store
 
 BANDWIDTH_BYTES = 1 << 30
@@ -155,3 +157,42 @@ def _measure_threads(n: int, reps: int, allowed: list[int], extra_env: dict, bf1
 
 def best_by_threads(cal: "artifact.CalibrationArtifact") -> dict[int, dict[str, float]]:
     return {r["threads"]: {k: max(v) for k, v in r["samples"].items()} for r in cal.results}
+
+
+BANDWIDTH_TIERS = ((10.0, "<10 GB/s"), (25.0, "10-25 GB/s"), (50.0, "25-50 GB/s"), (float("inf"), ">=50 GB/s"))
+
+
+def bandwidth_tier(host_key: str, store: Path | None = None, emulation: str | None = None) -> tuple[str | None, str]:
+    """The read-bandwidth tier of a host (or of a class emulated on it) from its newest calibration at its
+    most threads; None where it has none (with the command that measures one)."""
+    from harness.store import Store
+    root = Path(store or PROJECT_ROOT / "baselines")
+    from harness.check import load_accepted
+    cals = [a for a in load_accepted(Store(root), "calibration")[0]
+            if a.host.key == host_key and (a.host.emulation or None) == emulation]
+    if not cals:
+        return None, f"no calibration of host {host_key} in {root}: run `harness probe --bandwidth`"
+    cal = max(cals, key=lambda c: c.timing.end)
+    best = best_by_threads(cal)
+    n = max(best)
+    gbs = best[n].get("read_bandwidth_gb_s")
+    if gbs is None:
+        return None, f"calibration {cal.id[:12]} has no read bandwidth"
+    tier = next(name for top, name in BANDWIDTH_TIERS if gbs < top)
+    return tier, f"{gbs:.1f} GB/s read at {n} threads, calibration {cal.id[:12]}"
+
+
+def describe_machine(host: dict) -> dict[str, Any]:
+    """What `harness probe` adds about the machine's class: its descriptive class, tier, cores, memory,
+    bandwidth tier, the committed classes it matches and those it can emulate (and why not the others)."""
+    prof = hardware.profile_from_probe(host)
+    bw, bw_ev = bandwidth_tier(host["key"])
+    can, cannot = [], {}
+    for name, hc in hardware.classes().items():
+        why = hardware.exceeds(hc, prof)
+        (cannot.__setitem__(name, "; ".join(why)) if why else can.append(name))
+    return {"class": hardware.class_name_of(prof), "arch": prof["arch"], "isa_tier": prof["isa_tier"], "cores": prof["cores"],
+            "clusters": prof["clusters"] or "none reported (all cores alike)",
+            "memory_gib": round(prof["memory_total_bytes"] / hardware.GIB, 1) if isinstance(prof["memory_total_bytes"], int)
+            else "unknown", "bandwidth_tier": bw, "bandwidth_evidence": bw_ev,
+            "can_emulate": can, "cannot_emulate": cannot}

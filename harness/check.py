@@ -125,6 +125,25 @@ def problems_of(a: Any, where: str, allow_unknown_commit: bool = False, tree_sta
     return _content_problems(doc, a, where, allow_unknown_commit, tree_state)
 
 
+def load_accepted(store: Any, grid_name: str | None = None,
+                  folders: tuple[str, ...] | None = None) -> tuple[list, list[str]]:
+    """The artifacts of a store's grid (or of the whole store; `folders`: only those grid folders) that hash to
+    their id and that `harness check` accepts (`accepted`, the tree state aside), and one line per file left
+    out: the door every lookup of other artifacts goes through (calibrations, costs, overheads)."""
+    from harness.store import gc_paused, load_path
+    loaded, left = [], list(store.left_out)
+    with gc_paused():
+        for p in store.iter_paths(grid_name):
+            if folders is not None and p.parent.name not in folders:
+                continue
+            try:
+                loaded.append((load_path(p, verify_id=True), str(p)))
+            except UserError as e:
+                left.append(str(e))
+        arts, refused = accepted(loaded, tree_state=False)
+    return arts, left + refused
+
+
 def accepted(artifacts: Iterable[tuple[Any, str]], allow_unknown_commit: bool = False,
              tree_state: bool = True) -> tuple[list[Any], list[str]]:
     """Filter parsed artifacts to those check accepts: from (artifact, where) pairs (where: its path, named in
@@ -153,9 +172,10 @@ def _content_problems(doc: dict, a: Any, where: str, allow_unknown_commit: bool 
         needed += when_ok
     else:
         needed += ["error"]
-    if a.kind == "run" and a.engine.name != "command" and a.execution.observe != "bare":
+    needs_model = a.kind == "run" and _needs_model(a.engine.name)
+    if needs_model and a.execution.observe != "bare":
         needed += REQUIRED_MODEL
-    elif a.kind == "run" and a.engine.name != "command":
+    elif needs_model:
         needed += ["model.files"]  # a bare run has no residency: it measured what observing costs
     for f in needed:  # the walk is inlined: 55 paths a document, 10,000 documents in `make bench`
         v: Any = doc
@@ -188,6 +208,12 @@ def _content_problems(doc: dict, a: Any, where: str, allow_unknown_commit: bool 
         problems += read_back_problems(a, where)
     problems += consistency_problems(a, where)
     return problems
+
+
+def _needs_model(engine: str) -> bool:
+    """Whether a run of this engine loads a model (an unknown engine is held to the model fields)."""
+    from harness.engines import ENGINES, engine_class
+    return engine_class(engine).needs_model if engine in ENGINES else True
 
 
 def _emulation_problems(doc: dict, a: Any, where: str) -> list[str]:
@@ -713,9 +739,22 @@ def check(paths: Iterable[str], verify_models: bool = True, allow_unknown_commit
     return len(files), problems
 
 
+def reference_mismatch(ref: Any, fid_ref: dict, prompt_set: dict, engine: dict | None) -> list[str]:
+    """Why a reference artifact is not the one a fidelity artifact names (empty: it is)."""
+    out = []
+    if ref.id != fid_ref.get("id"):
+        out.append("id differs")
+    if sorted(f.sha256 for f in ref.model.files) != sorted(fid_ref.get("model_sha256", [])):
+        out.append("model hash differs")
+    if ref.prompt_set.sha256 != prompt_set["sha256"] or ref.prompt_set.token_ids_sha256 != prompt_set["token_ids_sha256"]:
+        out.append("prompt set hash differs")
+    if engine is not None and (ref.engine.build_commit != engine["build_commit"] or ref.engine.build != engine["build"]):
+        out.append("engine build differs")
+    return out
+
+
 def _check_references(fidelity_docs: list[tuple[str, dict]], references: dict[str, dict]) -> list[str]:
     """Each fidelity artifact's reference is among the checked ones, and is what the artifact says it is."""
-    from harness.fidelity import reference_mismatch
     out = []
     for where, doc in fidelity_docs:
         rid = doc["reference"].get("id")

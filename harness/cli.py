@@ -19,7 +19,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         path = ceiling.measure(args.max_threads, args.repetitions, args.store, hw_class=args.hw_class)
         print(f"wrote {path}")
         return 0
-    from harness.hardware import describe_machine
+    from harness.ceiling import describe_machine
     from harness.probe import probe
     host = probe()
     print(json.dumps({**host, "hardware": describe_machine(host)}, indent=2, sort_keys=True))
@@ -29,10 +29,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_adapt(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from harness import hardware
+    from harness import engines, hardware
     from harness.provenance import current_host_key
     prof = hardware.current_profile(args.hw_class)
-    rows = hardware.adapt(args.model, prof, args.context_len, args.gen_len, Path(args.store) if args.store else None,
+    rows = engines.adapt(args.model, prof, args.context_len, args.gen_len, Path(args.store) if args.store else None,
                           current_host_key())
     if args.json:
         print(json.dumps({"profile": prof, "settings": rows}, indent=2, default=str))
@@ -75,16 +75,13 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from harness import llamacpp_build
-    if args.isa:  # a build capped at an ISA tier, for hardware emulation (runs only: edge-bench)
-        with llamacpp_build.variant(args.isa):
-            m = llamacpp_build.build(rebuild=args.rebuild)
-            llamacpp_build.tool("edge-bench")
-    else:
-        m = llamacpp_build.build(rebuild=args.rebuild)
-        for name in ("edge-bench", "edge-fidelity"):  # the project's tools, linked against this build
-            llamacpp_build.tool(name)
-    print(json.dumps({k: m[k] for k in ("build_commit", "build_key", "compiler", "flags")}, indent=2))
+    from harness.engines import ENGINES, get_engine
+    out = {}
+    for name in args.engines or ENGINES:  # each engine provisions what it runs (cached; a variant where asked)
+        m = get_engine(name).provision(args.isa, rebuild=args.rebuild)
+        if m is not None:
+            out[name] = {k: m[k] for k in ("build_commit", "build_key", "compiler", "flags", "version") if k in m}
+    print(json.dumps(out, indent=2))
     return 0
 
 
@@ -250,7 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--verify", action="store_true", help="re-hash every file; exit 1 on a mismatch")
     ml.set_defaults(func=cmd_models_list)
 
-    sb = sub.add_parser("build", help="build the pinned llama.cpp (cached outside the checkout)")
+    sb = sub.add_parser("build", help="provision every engine (or those named): the pinned llama.cpp build and its "
+                        "tools (cached outside the checkout), vLLM's runtime plugin checked")
+    sb.add_argument("--engine", dest="engines", action="append", default=None, help="only this engine (repeatable)")
     sb.add_argument("--rebuild", action="store_true")
     sb.add_argument("--isa", default=None, help="build the variant capped at this x86 ISA tier (baseline, avx2, avx512, "
                     "avx512-bf16) for hardware emulation; the runner builds it on first use otherwise")

@@ -66,7 +66,9 @@ def context_block(arts: list, section: dict, best: dict[int, dict[str, float]] |
     for (arm, model, plen), mine in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[1][0].model.parameters,
                                                                            kv[0][2])):
         a0 = mine[0]
-        wbytes = sum(f.size for f in a0.model.files if f.path.endswith((".gguf", ".safetensors")))
+        wbytes = a0.model.weight_bytes()
+        if wbytes is None:  # a format without a weight-file rule: no figure
+            continue
         kvt, kv_src = kv_bytes_per_token(a0)
         ctx = plen + (a0.workload.gen_len - 1) / 2  # mean tokens before a decoded token
         kv_read = kvt * ctx if kvt is not None else None

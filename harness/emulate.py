@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,12 +25,6 @@ from harness.errors import UserError
 TORCH_CAPS = {"baseline": ("default", "SSE41", "DEFAULT"), "avx2": ("avx2", "AVX2", "AVX2"),
               "avx512": ("avx512", "AVX512_CORE", "AVX512"), "avx512-bf16": ("avx512", "AVX512_CORE_BF16", "AVX512"),
               "amx": ("avx512", "AVX512_CORE_AMX", "AVX512")}
-# llama.cpp's system info names of the instruction sets above each tier: none may read "= 1" under the cap
-ABOVE_TIER = {"baseline": ("AVX", "AVX2", "FMA", "F16C", "AVX512", "AVX512_BF16", "AMX_INT8"),
-              "avx2": ("AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8"),
-              "avx512": ("AVX512_VNNI", "AVX512_BF16", "AMX_INT8"), "avx512-bf16": ("AMX_INT8",), "amx": ()}
-# vLLM's x86 kernel libraries, lowest first; the worker loads the one for the tier (none exists below AVX2)
-VLLM_KERNELS = {"avx2": "_C_AVX2", "avx512": "_C_AVX512", "avx512-bf16": "_C", "amx": "_C"}
 MEMORY_TOLERANCE = 0.05  # the balloon is judged to hold the class's memory within 5% of it
 
 
@@ -172,8 +165,11 @@ def _steal_probe(window_s: float) -> float:
     return 0.0 if a is None or b is None else (b - a) / max(time.time() - t0, 1e-6)
 
 
-def _status(ok: bool, why: str) -> str:
+def status(ok: bool, why: str) -> str:
     return "emulated" if ok else f"not emulated: {why}"
+
+
+_status = status
 
 
 UNVERIFIED = "unverified: the run failed before the engine reported what it used"
@@ -214,30 +210,10 @@ def record(em: Emulation, engine: str, effective: dict, settings: dict, balloon_
 
 
 def isa_record(em: Emulation, engine: str, effective: dict) -> dict:
+    """The ISA cap: how the engine took it and read it back (its package's isa_record)."""
+    from harness.engines import get_engine
     tier = em.cls.isa_tier
     base = {"requested": tier, "native": em.native["isa_tier"]}
     if not em.isa_capped:
         return {**base, "applied": "none: the class's tier is this machine's", "status": "emulated"}
-    if engine == "llama.cpp":
-        info = effective.get("system_info") or ""
-        on = [n for n in ABOVE_TIER.get(tier, ()) if re.search(rf"\b{re.escape(n)} = 1\b", info)]
-        return {**base, "applied": f"llama.cpp build variant {tier} (harness build --isa {tier})",
-                "effective": info.strip(), "source": "llama_print_system_info(), read by edge-bench",
-                "status": _status(bool(info) and not on, f"system info reports {', '.join(on) or 'nothing'}")}
-    if engine == "vllm":
-        _, _, want = TORCH_CAPS[tier]
-        got = effective.get("torch_cpu_capability")
-        kern = effective.get("vllm_kernels")
-        want_k = VLLM_KERNELS.get(tier)
-        torch_ok = got == want
-        kern_ok = want_k is not None and kern == want_k
-        why = []
-        if not torch_ok:
-            why.append(f"torch reports {got}, the tier needs {want}")
-        if not kern_ok:
-            why.append(f"vLLM loaded {kern}" + ("; vLLM has no kernels below AVX2" if want_k is None else f", not {want_k}"))
-        return {**base, "applied": ", ".join(f"{k}={v}" for k, v in em.env.items()),
-                "effective": {"torch_cpu_capability": got, "vllm_kernels": kern},
-                "source": "torch.backends.cpu.get_cpu_capability() and the vllm kernel library mapped, in the worker",
-                "status": _status(torch_ok and kern_ok, "; ".join(why))}
-    return {**base, "applied": "none", "status": f"not emulated: the {engine} engine has no ISA switch"}
+    return {**base, **get_engine(engine).isa_record(tier, em.env, effective)}

@@ -27,6 +27,7 @@ from harness import artifact, lifecycle, models, provenance
 from harness.engines import ENGINES as ALL_ENGINES, get_engine
 from harness.errors import UserError
 from harness.paths import read_utf8, sha256_file
+from harness.check import reference_mismatch
 from harness.store import Store, load_path
 
 # The engines with a fidelity mode (Engine.reference_form set), and each one's default reference form.
@@ -150,11 +151,7 @@ def load_grid(path: str | Path) -> FidelityGrid:
             raise _err(sp, f"{f}.options", f"unknown option for {b['engine']}",
                        f"known: {', '.join(sorted(eng.fidelity_options)) or 'none'}")
         if "patches" in opts:
-            from harness.engines.vllm import patches_env
-            try:
-                patches_env(opts["patches"])
-            except UserError as e:
-                raise _err(sp, f"{f}.options.patches", e.problem, e.fix) from None
+            eng.validate_patches(sp, f"{f}.options.patches", opts["patches"])
         builds.append(Build(name=b["name"], engine=b["engine"], form=b.get("form"), path=bpath, options=opts,
                             thresholds={**thresholds, **_thresholds(sp, f"{f}.thresholds", b.get("thresholds") or {})}))
     names = [b.name for b in builds]
@@ -166,6 +163,8 @@ def load_grid(path: str | Path) -> FidelityGrid:
             raise _err(sp, f"cross_engine[{i}]", "must be {build: <a build name>, against: <an engine>}",
                        f"builds: {', '.join(names)}")
         cross.append((c["build"], c["against"]))
+    used = {b.engine for b in builds} | {against for _, against in cross}
+    refs = {e: form for e, form in refs.items() if e in used}  # the references this grid's builds are scored on
     timeout = doc.get("timeout_s", 900)
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise _err(sp, "timeout_s", f"must be a positive number of seconds, got {timeout!r}")
@@ -243,27 +242,19 @@ def engine_block(engine: str) -> dict:
 def generate(g: FidelityGrid, engine: str, model_path: Path, dtype: str | None, request: dict, workdir: Path,
              options: dict | None = None) -> dict:
     """Run one build over the prompts in a fresh process, through the engine's fidelity command (the same
-    request and result format for every engine: harness/native/edge-fidelity.cpp documents it)."""
-    from harness.engines.base import run_process, tail
+    request and result format for every engine: harness/engines/llamacpp/native/edge-fidelity.cpp documents it)."""
+    from harness.engines.base import run_worker, tail
     req_path, out_path = workdir / "request.json", workdir / "result.json"
     req_path.write_text(json.dumps(request))
     cpus = list(range(g.threads))
     cmd, env_rec = get_engine(engine).fidelity_command(model_path, g.threads, cpus, dtype, req_path, out_path, workdir,
                                                       options)
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | env_rec
-    r = run_process(cmd, env, g.timeout_s)
+    w = run_worker(cmd, env, g.timeout_s, out_path, engine)
     res: dict[str, Any] = {"command": cmd, "env": env_rec, "cpus": cpus}
-    if r.timed_out:
-        return res | {"status": "timeout", "error": f"{engine} exceeded {g.timeout_s:.0f} s", "stderr": tail(r.stderr)}
-    try:
-        out = json.loads(out_path.read_text())
-    except (OSError, ValueError):
-        return res | {"status": "failed", "error": f"{engine} exited {r.returncode} without a result: {tail(r.stderr, 1)}",
-                      "stderr": tail(r.stderr)}
-    if r.returncode != 0 or out.get("status", "ok") != "ok":
-        return res | {"status": "failed", "error": out.get("error", f"exited {r.returncode}"),
-                      "stderr": tail((out.get("traceback") or "") + r.stderr)}
-    return res | {"status": "ok", "result": out}
+    if w.result is None:
+        return res | {"status": w.status, "error": w.error, "stderr": tail(w.stderr)}
+    return res | {"status": "ok", "result": w.result}
 
 
 # ---- comparison ---------------------------------------------------------------------------------------
@@ -340,20 +331,6 @@ def gate(summary: dict, thresholds: dict[str, float], rows: list[dict]) -> list[
 
 
 # ---- references ---------------------------------------------------------------------------------------
-
-def reference_mismatch(ref: Any, fid_ref: dict, prompt_set: dict, engine: dict | None) -> list[str]:
-    """Why a reference artifact is not the one a fidelity artifact names (empty: it is)."""
-    out = []
-    if ref.id != fid_ref.get("id"):
-        out.append("id differs")
-    if sorted(f.sha256 for f in ref.model.files) != sorted(fid_ref.get("model_sha256", [])):
-        out.append("model hash differs")
-    if ref.prompt_set.sha256 != prompt_set["sha256"] or ref.prompt_set.token_ids_sha256 != prompt_set["token_ids_sha256"]:
-        out.append("prompt set hash differs")
-    if engine is not None and (ref.engine.build_commit != engine["build_commit"] or ref.engine.build != engine["build"]):
-        out.append("engine build differs")
-    return out
-
 
 def _execution(res: dict, g: FidelityGrid, engine: str, requested: dict, effective: dict) -> dict:
     return {"threads": g.threads, "cpu_affinity": res["cpus"], "numa_policy": "default (no numa option)",

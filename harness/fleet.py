@@ -83,7 +83,7 @@ class Agent:
         """Load the same grid file (same sha256) from this machine's checkout, and provision what it needs:
         the llama.cpp build (keyed by this machine's ISA) and the model zoo, verified against the manifest.
         {"ok": True} or {"ok": False, "error": one line}: a machine that cannot prepare takes no runs."""
-        from harness import llamacpp_build, models
+        from harness import models
         from harness.engines import get_engine
         try:
             spec = grid.load(grid_path)
@@ -93,8 +93,8 @@ class Agent:
             names = {grid.model_of(spec, c.params) for c in grid.expand(spec)} - {"none"}
             for a in spec.arms:
                 get_engine(a.engine).check(spec.model, a.form)
-            if any(a.engine in ("llama.cpp", "llama-bench") for a in spec.arms):
-                llamacpp_build.build()
+            for name in sorted({a.engine for a in spec.arms}):
+                get_engine(name).provision()  # what each engine runs, built on this machine (cached)
             for name in sorted(names):
                 models.ensure(name)
                 bad = models.verify(name, full=True)

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from harness.errors import UserError
+from harness.engines import engine_class, get_engine
 
 WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
 # replicate: a label only (repeats of one cell, e.g. for A/A calibration); batch: concurrent requests
@@ -411,13 +412,7 @@ def _arm(path: str, f: str, ra: dict, engines: Any, avail: list[int] | None) -> 
                        "list CPUs of this machine, or plan and run the grid on the machine that has them")
     pat = ra.get("patches")
     if pat is not None:
-        if eng != "vllm":
-            raise _err(path, f"{f}.patches", "only the vllm engine has runtime patches")
-        from runtime.patches import NAMES
-        names = [pat] if isinstance(pat, str) else pat
-        if not isinstance(names, list) or any(n not in (*NAMES, "all", "none") for n in names):
-            raise _err(path, f"{f}.patches", f"unknown patch selection {_short(pat)}",
-                       f"none, all, or a list of: {', '.join(NAMES)}")
+        get_engine(eng).validate_patches(path, f"{f}.patches", pat)
     if "threads" in opts:
         _int(path, f"{f}.options.threads", opts["threads"])
     if "threads" in ra:
@@ -483,7 +478,7 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
         raise _err(path, "arms", f"{len(raw_arms):,} arms, more than the {MAX_ARMS} a grid may compare",
                    "split the comparison into several grids")
     arms = [_arm(path, f, ra, ENGINES, avail) for f, ra in raw_arms]
-    if model == "none" and any(a.engine != "command" for a in arms):
+    if model == "none" and any(engine_class(a.engine).needs_model for a in arms):
         raise _err(path, "model", "is required when an arm runs a model engine", f"known: {', '.join(sorted(MODELS))}")
     names = [a.name for a in arms]
     if len(set(names)) != len(names):
@@ -656,21 +651,12 @@ def _validate_hardware(spec: GridSpec, arm: Arm, cell: Cell) -> None:
     if name:
         emulate.plan(name, threads, arm.cpus, where)
     model = model_of(spec, cell.params)
-    if arm.engine not in ("vllm", "llama.cpp") or model == "none":
+    if model == "none":
         return
     batch, ctxlen = int(cell.params.get("batch", 1)), int(cell.params["context_len"])
-    if arm.engine == "vllm":
-        dtype = arm.options.get("dtype")
-        if dtype == "auto":
-            dtype = hardware.derive_dtype(prof, "vllm")[0]
-        elif dtype is None:
-            dtype = "bfloat16" if (cell.params.get("form") or arm.form) == "hf-bf16" else "float32"
-        adm = hardware.vllm_admission(model, prof, dtype, ctxlen)
-    else:
-        form = cell.params.get("form") or arm.form or "gguf-f32"
-        if form == "auto":
-            form = f"gguf-{hardware.derive_dtype(prof, 'llama.cpp')[0]}"
-        adm = hardware.llamacpp_admission(model, prof, form, ctxlen)
+    adm = get_engine(arm.engine).admission(model, prof, cell.params.get("form") or arm.form, arm.options, ctxlen)
+    if adm is None:  # the engine has no memory rule
+        return
     if adm["max_num_seqs"] < batch:
         raise UserError(where, f"does not fit {prof['source']}: {adm['max_num_seqs']} sequence(s) of context "
                                f"{ctxlen} admitted, batch {batch} asked (available {adm['available_bytes']} B - weights "

@@ -215,20 +215,6 @@ def exceeds(hc: HardwareClass, profile: dict[str, Any]) -> list[str]:
 
 # --- derivations -----------------------------------------------------------------------------------------
 
-def derive_dtype(profile: dict[str, Any], engine: str) -> tuple[str, str]:
-    """vLLM: bf16 only with bf16 compute (else every op converts; measured 5x slower prefill on AVX2).
-    llama.cpp: bf16 weights from AVX2 up (decode reads half the bytes; measured faster than f32 on both the
-    AVX2 and the AVX512-BF16 host, vllm-vs-llamacpp), f32 below (no measurement, scalar conversions)."""
-    isa = profile["isa"]
-    if engine == "vllm":
-        if isa.get("amx_bf16") or isa.get("avx512_bf16") or (profile["arch"] == "aarch64" and isa.get("bf16")):
-            return "bfloat16", "bf16 compute in the ISA (avx512_bf16, amx_bf16 or arm64 bf16)"
-        return "float32", "no bf16 compute in the ISA: bf16 would be a storage format converted on every op"
-    if profile["arch"] == "x86_64" and tier_rank("x86_64", profile["isa_tier"]) < tier_rank("x86_64", "avx2"):
-        return "f32", "below AVX2: bf16 weights convert in scalar code (unmeasured), f32 is the safe form"
-    return "bf16", "decode is memory-bound: bf16 weights halve the bytes read per token (measured faster than f32)"
-
-
 def derive_threads(profile: dict[str, Any]) -> tuple[int, list[int], str]:
     """One thread per core the engine may use; on big/little machines only the performance cluster (a step
     waits for its slowest thread, and a little core is the slowest)."""
@@ -276,10 +262,6 @@ def timeout_s(startup_s: float, s_per_token: float, tokens: int) -> int:
 # --- measured inputs and the whole adaptation ------------------------------------------------------------
 
 DTYPE_BYTES = {"float32": 4, "f32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "f16": 2}
-VLLM_BLOCK = 128  # vLLM's CPU KV block (read back as block_size in every vLLM artifact)
-LLAMACPP_CTX_PAD = 256  # llama.cpp pads each sequence's context to a multiple of this (the engine refuses others)
-# Runtime overhead where nothing of this engine was measured yet: stated as a default, never as evidence.
-DEFAULT_OVERHEAD = {"vllm": 1536 << 20, "llama.cpp": 64 << 20}
 
 
 @lru_cache(maxsize=None)
@@ -296,147 +278,56 @@ def geometry(model: str) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=None)
-def measured_overhead(engine: str, store: Path | None = None, host: str | None = None) -> tuple[int, str]:
-    """An engine's runtime memory beyond its weights and KV cache: peak RSS - weights - KV of its newest ok
-    runs in the store (median), this host's first, else any host's (software, not hardware). The default,
-    named as one, where the store has none."""
+def measured_overhead(engine: Any, store: Path | None = None, host: str | None = None) -> tuple[int, str]:
+    """An engine's runtime memory beyond its weights and KV cache: peak RSS - weights - KV (the engine class's
+    overhead_parts) of its newest ok runs in the store (median), this host's first, else any host's (software,
+    not hardware). The engine's default_overhead, named as one, where the store has none."""
     import statistics
 
     from harness.store import Store
     root = Path(store or PROJECT_ROOT / "artifacts")
-    arts = [a for a in Store(root).load_accepted(folders=("vllm-vs-llamacpp", "batch-sweep", "quickstart"))[0]
-            if a.kind == "run" and a.status == "ok" and a.engine.name == engine and a.residency.peak_memory]
+    from harness.check import load_accepted
+    arts = [a for a in load_accepted(Store(root), folders=("vllm-vs-llamacpp", "batch-sweep", "quickstart"))[0]
+            if a.kind == "run" and a.status == "ok" and a.engine.name == engine.name and a.residency.peak_memory]
     rows: dict[str, list[int]] = {}
     for a in arts:
         rss = a.residency.peak_memory.get("rss_bytes")
-        eff = a.execution.effective
-        if not isinstance(rss, int):
+        parts = engine.overhead_parts(a)
+        if not isinstance(rss, int) or parts is None:
             continue
-        if engine == "vllm":
-            weights = a.model.parameters * DTYPE_BYTES.get(a.model.dtype, 4)
-            kv = eff.get("kv_cache_memory_bytes") or 0
-        else:  # the mapped GGUF, and an f16 KV cache of the context it read back
-            weights = eff.get("model_size") or 0
-            kv = int(eff.get("n_ctx", 0)) * geometry(a.model.name)["kv_bytes_per_token_per_byte"] * 2
-        rows.setdefault(a.host.key, []).append(rss - weights - kv)
+        rows.setdefault(a.host.key, []).append(rss - parts[0] - parts[1])
     if not rows:
-        return DEFAULT_OVERHEAD[engine], f"default {DEFAULT_OVERHEAD[engine] >> 20} MiB: no ok {engine} run in {root}"
+        d = engine.default_overhead
+        return d, f"default {d >> 20} MiB: no ok {engine.name} run in {root}"
     key = host if host in rows else max(rows, key=lambda k: len(rows[k]))
     val = int(statistics.median(rows[key]))
-    return val, f"median peak RSS - weights - KV of {len(rows[key])} {engine} runs of host {key} in {root}"
+    return val, f"median peak RSS - weights - KV of {len(rows[key])} {engine.name} runs of host {key} in {root}"
 
 
-def adapt(model: str, profile: dict[str, Any], context_len: int = 1024, gen_len: int = 128,
-          store: Path | None = None, host: str | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Per engine, the settings this profile should use: each with its value, rule and evidence."""
-    from harness.engines.vllm import choose_core_and_eager, measured_costs
-    geo = geometry(model)
+def adapt_rows(engine: Any, model: str, profile: dict[str, Any], derived: tuple[str, Any, str],
+               options: dict[str, Any], context_len: int, store: Path | None, host: str | None,
+               admitted: str) -> list[dict[str, Any]]:
+    """The rows every engine's `adapt` shares: its derived dtype or form, threads, cpus, CPUs for two engines
+    side by side and, where the profile's available memory is known, the sequences its admission rule fits
+    (`admitted` names that setting; the row carries the whole admission under "admission")."""
+    setting, value, rule = derived
     threads, cpus, trule = derive_threads(profile)
+    rows: list[dict[str, Any]] = [
+        {"setting": setting, "value": value, "rule": rule, "evidence": f"ISA tier {profile['isa_tier']} "
+         f"({profile['source']})"},
+        {"setting": "threads", "value": threads, "rule": trule, "evidence": f"{profile['cores']} cores"},
+        {"setting": "cpus", "value": cpus, "rule": "the first cores this process may use, one CPU each "
+         "(SMT siblings left idle)", "evidence": profile["source"]}]
+    ranges = disjoint_ranges(cpus, 2)
+    rows.append({"setting": "cpus for two engines side by side", "value": ranges or "none: one core",
+                 "rule": "equal, disjoint, contiguous ranges", "evidence": f"{len(cpus)} CPUs"})
     avail = profile.get("memory_available_bytes")
-    out: dict[str, list[dict[str, Any]]] = {}
-    for engine in ("vllm", "llama.cpp"):
-        dtype, drule = derive_dtype(profile, engine)
-        rows = [{"setting": "dtype" if engine == "vllm" else "form",
-                 "value": dtype if engine == "vllm" else f"gguf-{dtype}", "rule": drule, "evidence": f"ISA tier "
-                 f"{profile['isa_tier']} ({profile['source']})"},
-                {"setting": "threads", "value": threads, "rule": trule, "evidence": f"{profile['cores']} cores"},
-                {"setting": "cpus", "value": cpus, "rule": "the first cores this process may use, one CPU each "
-                 "(SMT siblings left idle)", "evidence": profile["source"]}]
-        ranges = disjoint_ranges(cpus, 2)
-        rows.append({"setting": "cpus for two engines side by side", "value": ranges or "none: one core",
-                     "rule": "equal, disjoint, contiguous ranges", "evidence": f"{len(cpus)} CPUs"})
-        if engine == "vllm":
-            kv_tok = geo["kv_bytes_per_token_per_byte"] * DTYPE_BYTES[dtype]
-            weights = geo["parameters"] * DTYPE_BYTES[dtype]
-            block, ctx = VLLM_BLOCK, context_len
-        else:
-            kv_tok = geo["kv_bytes_per_token_per_byte"] * 2  # llama.cpp's default f16 KV cache
-            weights = geo["parameters"] * DTYPE_BYTES[dtype]
-            block, ctx = LLAMACPP_CTX_PAD, context_len
-        overhead, oev = measured_overhead(engine, store, host)
-        if isinstance(avail, int):
-            adm = admission(avail, weights, overhead, kv_tok, ctx, block)
-            name = "max_num_seqs" if engine == "vllm" else "parallel sequences"
-            rows.append({"setting": name, "value": adm["max_num_seqs"], "rule": adm["rule"],
-                         "evidence": f"available {avail / GIB:.2f} GiB, weights {weights / 2**20:.0f} MiB, overhead "
-                                     f"{overhead / 2**20:.0f} MiB ({oev}), KV {kv_tok} B/token, context {ctx}"})
-            if engine == "vllm":
-                rows.append({"setting": "kv_cache_memory_bytes", "value": adm["kv_cache_memory_bytes"],
-                             "rule": "the admitted sequences' KV in whole blocks, plus the null block",
-                             "evidence": f"block {block}"})
-        if engine == "vllm":
-            costs = measured_costs(store, host)
-            core, eager, why = choose_core_and_eager("auto", "auto", gen_len, costs)
-            rows.append({"setting": "engine_core / eager", "value": f"{core} / {'eager' if eager else 'compiled'}",
-                         "rule": why["rule"], "evidence": str(why.get("estimated_s", "none"))})
-            if costs and (core, eager) in costs["configs"]:
-                c = costs["configs"][(core, eager)]
-                rows.append({"setting": "timeout_s", "value": timeout_s(c["startup_s"], c["s_per_token"], gen_len),
-                             "rule": "3 x (measured start-up + gen_len x s/token), at least 60",
-                             "evidence": f"start-up {c['startup_s']:.1f} s, {1 / c['s_per_token']:.1f} tok/s, host "
-                                         f"{costs.get('host')}"})
-        out[engine] = rows
-    return out
-
-
-BANDWIDTH_TIERS = ((10.0, "<10 GB/s"), (25.0, "10-25 GB/s"), (50.0, "25-50 GB/s"), (float("inf"), ">=50 GB/s"))
-
-
-def bandwidth_tier(host_key: str, store: Path | None = None, emulation: str | None = None) -> tuple[str | None, str]:
-    """The read-bandwidth tier of a host (or of a class emulated on it) from its newest calibration at its
-    most threads; None where it has none (with the command that measures one)."""
-    from harness.ceiling import best_by_threads
-    from harness.store import Store
-    root = Path(store or PROJECT_ROOT / "baselines")
-    cals = [a for a in Store(root).load_accepted("calibration")[0]
-            if a.host.key == host_key and (a.host.emulation or None) == emulation]
-    if not cals:
-        return None, f"no calibration of host {host_key} in {root}: run `harness probe --bandwidth`"
-    cal = max(cals, key=lambda c: c.timing.end)
-    best = best_by_threads(cal)
-    n = max(best)
-    gbs = best[n].get("read_bandwidth_gb_s")
-    if gbs is None:
-        return None, f"calibration {cal.id[:12]} has no read bandwidth"
-    tier = next(name for top, name in BANDWIDTH_TIERS if gbs < top)
-    return tier, f"{gbs:.1f} GB/s read at {n} threads, calibration {cal.id[:12]}"
-
-
-def describe_machine(host: dict) -> dict[str, Any]:
-    """What `harness probe` adds about the machine's class: its descriptive class, tier, cores, memory,
-    bandwidth tier, the committed classes it matches and those it can emulate (and why not the others)."""
-    prof = profile_from_probe(host)
-    bw, bw_ev = bandwidth_tier(host["key"])
-    can, cannot = [], {}
-    for name, hc in classes().items():
-        why = exceeds(hc, prof)
-        (cannot.__setitem__(name, "; ".join(why)) if why else can.append(name))
-    return {"class": class_name_of(prof), "arch": prof["arch"], "isa_tier": prof["isa_tier"], "cores": prof["cores"],
-            "clusters": prof["clusters"] or "none reported (all cores alike)",
-            "memory_gib": round(prof["memory_total_bytes"] / GIB, 1) if isinstance(prof["memory_total_bytes"], int)
-            else "unknown", "bandwidth_tier": bw, "bandwidth_evidence": bw_ev,
-            "can_emulate": can, "cannot_emulate": cannot}
-
-
-def vllm_admission(model: str, profile: dict[str, Any], dtype: str, context_len: int,
-                   store: Path | None = None) -> dict[str, Any]:
-    """`max_num_seqs: auto` / `kv_cache_memory_bytes: auto`: the admission rule on this profile."""
-    from harness.provenance import current_host_key
-    geo = geometry(model)
-    overhead, oev = measured_overhead("vllm", store, current_host_key())
-    adm = admission(int(profile["memory_available_bytes"]), geo["parameters"] * DTYPE_BYTES[dtype], overhead,
-                    geo["kv_bytes_per_token_per_byte"] * DTYPE_BYTES[dtype], context_len, VLLM_BLOCK)
-    return {**adm, "overhead_evidence": oev, "profile": profile["source"]}
-
-
-def llamacpp_admission(model: str, profile: dict[str, Any], form: str, context_len: int,
-                       store: Path | None = None) -> dict[str, Any]:
-    """Parallel sequences of context_len a llama.cpp process fits on this profile (f16 KV cache)."""
-    from harness import models
-    from harness.provenance import current_host_key
-    geo = geometry(model)
-    overhead, oev = measured_overhead("llama.cpp", store, current_host_key())
-    weights = sum(f["size"] for rel, f in models.form_files(model, form).items() if rel.endswith(".gguf"))
-    adm = admission(int(profile["memory_available_bytes"]), weights, overhead, geo["kv_bytes_per_token_per_byte"] * 2,
-                    context_len, LLAMACPP_CTX_PAD)
-    return {**adm, "overhead_evidence": oev, "profile": profile["source"]}
+    if isinstance(avail, int):
+        form = value if setting == "form" else None
+        adm = engine.admission(model, profile, form, options, context_len, store, host)
+        if adm is not None:
+            rows.append({"setting": admitted, "value": adm["max_num_seqs"], "rule": adm["rule"], "admission": adm,
+                         "evidence": f"available {avail / GIB:.2f} GiB, weights {adm['weights_bytes'] / 2**20:.0f} MiB, "
+                                     f"overhead {adm['overhead_bytes'] / 2**20:.0f} MiB ({adm['overhead_evidence']}), "
+                                     f"KV {adm['kv_bytes_per_token']} B/token, context {context_len}"})
+    return rows

@@ -69,7 +69,7 @@ def _run(cmd: list[str], what: str, env: dict | None = None) -> None:
 
 
 def _convert_env() -> dict:
-    from harness import llamacpp_build
+    from harness.engines.llamacpp import build as llamacpp_build
     env = dict(os.environ)
     gguf_py = str(llamacpp_build.source_dir() / "gguf-py")
     env["PYTHONPATH"] = gguf_py + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -78,14 +78,14 @@ def _convert_env() -> dict:
 
 
 def _convert_gguf(hf_dir: Path, out: Path, outtype: str) -> None:
-    from harness import llamacpp_build
+    from harness.engines.llamacpp import build as llamacpp_build
     script = llamacpp_build.source_dir() / "convert_hf_to_gguf.py"
     _run([sys.executable, str(script), str(hf_dir), "--outfile", str(out), "--outtype", outtype],
          f"convert_hf_to_gguf.py --outtype {outtype}", env=_convert_env())
 
 
 def _quantize(src: Path, out: Path, qtype: str) -> None:
-    from harness import llamacpp_build
+    from harness.engines.llamacpp import build as llamacpp_build
     _run([str(llamacpp_build.binary("llama-quantize")), str(src), str(out), qtype], f"llama-quantize {qtype}")
 
 
@@ -333,11 +333,11 @@ def get_def(name: str) -> ModelDef:
 
 def model_key(name: str) -> str:
     """Cache key: the model's inputs (wheel hash, llama.cpp build) and the recipe version."""
-    from harness import llamacpp_build
+    from harness.engines.llamacpp import build as llamacpp_build
     with llamacpp_build.variant(None):  # models are made by the native build, whatever variant runs them
         code = llamacpp_build.code_key()
     inputs = {"name": name, "recipe": RECIPE_VERSION, "wheel": SMOL_WHEEL_SHA256,
-              "llama.cpp": code, "tiny": TINY_CONFIG if name == "tiny-llama" else None}
+              llamacpp_build.TOOL_KEY: code, "tiny": TINY_CONFIG if name == "tiny-llama" else None}
     if name in SYNTHETIC_SHAPES:  # (only for them: the real models' keys, and caches, stay as they were)
         inputs["synthetic"] = {"shape": SYNTHETIC_SHAPES[name], "std": SYNTHETIC_STD, "forms": list(SYNTHETIC_FORMS),
                                "seed": synthetic_seed(name), "builder": SYNTHETIC_BUILDER}
@@ -443,6 +443,19 @@ def form_files(name: str, form: str) -> dict[str, dict]:
     manifest = load_manifest(name)
     prefix = manifest["forms"][form]["path"]
     return {rel: info for rel, info in manifest["files"].items() if rel == prefix or rel.startswith(prefix + "/")}
+
+
+def weight_files(name: str, form: str) -> dict[str, dict]:
+    """The manifest entries of a form's weight files, by the form's format (artifact.WEIGHT_RULES); a format
+    without a rule is refused, naming it."""
+    from harness.artifact import weight_paths
+    fmt = load_manifest(name)["forms"][form]["format"]
+    files = form_files(name, form)
+    keep = weight_paths(fmt, list(files))
+    if keep is None:
+        raise UserError(f"model {name}", f"form {form!r} has format {fmt!r}, which has no weight-file rule",
+                        "add the format's rule to harness/artifact.py:WEIGHT_RULES")
+    return {rel: files[rel] for rel in keep}
 
 
 def model_block(name: str, form: str) -> dict:

@@ -16,8 +16,9 @@ from harness import __version__
 from harness.paths import PROJECT_ROOT
 
 # ATEN_/ONEDNN_/DNNL_: torch's ISA switches change every kernel; EDGE_HARNESS_HW_PROFILE changes what `auto` derives
-ENV_PREFIXES = ("OMP_", "VLLM_", "GGML_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", "LD_PRELOAD", "CUDA_VISIBLE", "ATEN_",
-                "ONEDNN_", "DNNL_", "EDGE_HARNESS_HW_PROFILE")
+# Environment that changes what any engine computes (threading runtimes, BLAS, preloads); each engine adds its own
+# prefixes (Engine.env_prefixes: VLLM_, GGML_, ...), so relevant_env records the union.
+ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_PRELOAD", "CUDA_VISIBLE", "DNNL_", "EDGE_HARNESS_HW_PROFILE")
 
 
 NOT_A_CHECKOUT = "unknown (not a git checkout)"
@@ -66,8 +67,10 @@ def host_info() -> dict:
 
 
 def relevant_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    from harness.engines import env_prefixes
     env = os.environ if env is None else env
-    return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
+    prefixes = ENV_PREFIXES + env_prefixes()
+    return {k: v for k, v in sorted(env.items()) if k.startswith(prefixes)}
 
 
 def numa_policy() -> str:

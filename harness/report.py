@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import json
 import os
 from collections import defaultdict
@@ -230,8 +231,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
                for a in ok}
     calibration = aa_calibration(an) if ok and len(configs) == 1 and len(an.arms) > 1 else None
     engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit, analysis.build_id(a.engine)) for a in arts})
-    model_files = sorted({(a.model.form, f.path, f.sha256[:12]) for a in arts for f in a.model.files
-                          if f.path.endswith((".gguf", ".safetensors"))})
+    model_files = sorted({(a.model.form, f.path, f.sha256[:12]) for a in arts for f in a.model.weight_files() or []})
     between = [{"cell": b.cell.replace("batch=1,", ""), "arm": b.arm, "metric": b.metric,
                 "series": [{"label": f.label, "median": _fmt(f.median),
                             "median_ci": "n<6: no interval" if f.median_ci is None else
@@ -405,7 +405,9 @@ def _ceiling_of_host(cal: Any, newest: dict[str, list[RunArtifact]]) -> dict:
             t = a0.execution.threads
             if t not in best:
                 continue
-            wbytes = sum(f.size for f in a0.model.files if f.path.endswith((".gguf", ".safetensors")))
+            wbytes = a0.model.weight_bytes()
+            if wbytes is None:  # a format without a weight-file rule: no figure
+                continue
             dec = stats.summarize([stats.summarize(a.metrics["decode_tok_s"].samples).median for a in arts]).median
             pre = stats.summarize([stats.summarize(a.metrics["prefill_tok_s"].samples).median for a in arts]).median
             gbs = wbytes * dec / 1e9
@@ -883,10 +885,7 @@ def pivot(section: dict, metrics: tuple[str, ...] | None = None) -> list[dict]:
     return out
 
 
-# The same build measured as requests (llama.cpp engine) and by llama-bench: (request metric, llama-bench metric)
-DEFINITION_PAIRS = (("decode_tok_s", "bench_tg_tok_s"), ("prefill_tok_s", "bench_pp_tok_s"))
-
-
+# The same build measured as requests (llama.cpp engine) and by llama-bench (its definition_of and definition_pairs)
 def definition_pairs(section: dict) -> list[dict]:
     """Per cell and model form measured both ways: the request figure, llama-bench's, and their quotient
     (medians over passes; a quotient of medians, not a paired ratio: the two are different quantities)."""
@@ -895,14 +894,16 @@ def definition_pairs(section: dict) -> list[dict]:
     by_form: dict[str, dict[str, str]] = {}
     for arm, (engine, form) in section.get("arm_forms", {}).items():
         by_form.setdefault(form, {})[engine] = arm
+    from harness.engines import ENGINES, engine_class
+    twins = [(c.definition_of, c.name, c.definition_pairs) for c in map(engine_class, ENGINES) if c.definition_of]
     out = []
     for cell in sorted({k[2] for k in med}):
-        for form, arms in sorted(by_form.items()):
-            if {"llama.cpp", "llama-bench"} - set(arms):
+        for (form, arms), (req_engine, bench_engine, pairs) in itertools.product(sorted(by_form.items()), twins):
+            if req_engine not in arms or bench_engine not in arms:
                 continue
             row = {"cell": cell, "form": form, "figures": []}
-            for req, bench in DEFINITION_PAIRS:
-                a, b = med.get((req, arms["llama.cpp"], cell)), med.get((bench, arms["llama-bench"], cell))
+            for req, bench in pairs:
+                a, b = med.get((req, arms[req_engine], cell)), med.get((bench, arms[bench_engine], cell))
                 row["figures"].append({"request": _fmt(a) if a else "-", "bench": _fmt(b) if b else "-",
                                        "quotient": f"{a / b:.2f}" if a and b else "-"})
             out.append(row)

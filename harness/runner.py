@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import artifact, emulate, grid, hardware, lifecycle, llamacpp_build, models, provenance
+from harness import artifact, emulate, grid, hardware, lifecycle, models, provenance
 from harness.check import accepted, read_back_problems
 from harness.engines import get_engine
 from harness.engines.base import EngineResult, RunContext
@@ -83,7 +83,7 @@ def _model_block(model: str, form: str) -> tuple[dict, dict[str, Path]]:
                 "dtype": "none", "parameters": 1, "files": []}, {}
     root = models.ensure(model)
     block = models.loaded_block(model, form)  # hashed now; a file that is not the manifest's is refused
-    weights = {f["path"]: root / f["path"] for f in block["files"] if f["path"].endswith((".gguf", ".safetensors"))}
+    weights = {rel: root / rel for rel in models.weight_files(model, form)}
     return block, weights
 
 
@@ -108,8 +108,8 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
     asked = run.cell.params.get("form") or arm.form
     model = grid.model_of(spec, run.cell.params)
     form = engine.check(model, asked, profile or hardware.current_profile())
-    form_override = {"form": {"requested": "auto", "effective": form, "rule": hardware.derive_dtype(
-        profile or hardware.current_profile(), engine.name)[1]}} if asked == "auto" else {}
+    form_override = {"form": {"requested": "auto", "effective": form, "rule": engine.form_for(
+        profile or hardware.current_profile())[1]}} if asked == "auto" else {}
     model_block, weights = _model_block(model, form)
     cpus = em.cpus if em else (arm.cpus or default_cpus(threads))
     observe = arm.observe != "bare"
@@ -120,9 +120,8 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
         ctx.env, ctx.isa_variant = dict(em.env), em.llamacpp_variant
         ctx.profile = profile
         ctx.isa = profile["isa"] if profile else None
-        if em.llamacpp_variant and engine.name == "llama.cpp":
-            with llamacpp_build.variant(em.llamacpp_variant):  # built before anything is measured
-                llamacpp_build.build()
+        if em.llamacpp_variant:
+            engine.provision(em.llamacpp_variant)  # the capped build, made before anything is measured
         emulate.inflate(em)  # the balloon holds from before the residency scan to after the last one
     held = True
     try:

@@ -59,7 +59,9 @@ def scale_block(arts: list, section: dict, best: dict[int, dict[str, float]] | N
     for (arm, model), mine in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[1][0].model.parameters)):
         a0 = mine[0]
         t = a0.execution.threads
-        wbytes = sum(f.size for f in a0.model.files if f.path.endswith((".gguf", ".safetensors")))
+        wbytes = a0.model.weight_bytes()
+        if wbytes is None:  # a format without a weight-file rule: no figure
+            continue
         dec = _median_of_runs(mine, "decode_tok_s")
         pre = _median_of_runs(mine, "prefill_tok_s")
         rss = [a.residency.peak_memory.get("rss_bytes") for a in mine]

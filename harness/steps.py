@@ -38,7 +38,9 @@ def steps_block(arts: list, section: dict, best: dict[int, dict[str, float]] | N
         acc = _med([a.attribution.accounted for a in mine])
         share = _med([a.attribution.model_share for a in mine])
         eng_fwd = _med([a.attribution.engine_forward_mean_ms for a in mine])
-        wbytes = sum(f.size for f in a0.model.files if f.path.endswith((".gguf", ".safetensors")))
+        wbytes = a0.model.weight_bytes()
+        if wbytes is None:  # a format without a weight-file rule: no figure
+            continue
         fwd = parts.get("forward")
         gbs = wbytes / (fwd / 1e3) / 1e9 if fwd else None
         bw = (best or {}).get(t, {}).get("read_bandwidth_gb_s")

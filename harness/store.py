@@ -191,23 +191,6 @@ class Store:
         with gc_paused():
             return [load_path(p) for p in self.iter_paths(grid_name)]
 
-    def load_accepted(self, grid_name: str | None = None, folders: tuple[str, ...] | None = None) -> tuple[list, list[str]]:
-        """The artifacts of a grid (or of the store; `folders`: only those grid folders) that hash to their id and
-        that `harness check` accepts (check.accepted, the tree state aside), and one line per file left out: the
-        door every lookup of other artifacts goes through (calibrations, costs, overheads)."""
-        from harness.check import accepted
-        loaded, left = [], list(self.left_out)
-        with gc_paused():
-            for p in self.iter_paths(grid_name):
-                if folders is not None and p.parent.name not in folders:
-                    continue
-                try:
-                    loaded.append((load_path(p, verify_id=True), str(p)))
-                except UserError as e:
-                    left.append(str(e))
-            arts, refused = accepted(loaded, tree_state=False)
-        return arts, left + refused
-
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:

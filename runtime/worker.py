@@ -228,7 +228,7 @@ def run(cfg: dict) -> dict:
 
 def fidelity(cfg: dict) -> dict:
     """Greedy token ids with top-k log-probabilities, and teacher-forced scoring of a given continuation,
-    for `harness fidelity`: the same request and result format as harness/native/edge-fidelity.cpp."""
+    for `harness fidelity`: the same request and result format as harness/engines/llamacpp/native/edge-fidelity.cpp."""
     req = cfg["request"]
     n, k = int(req["n_predict"]), int(req["top_k"])
     kk = 2 * k  # the build's own top-2k: a reference candidate outside it gets a bound, counted

@@ -5,7 +5,8 @@ import subprocess
 
 import pytest
 
-from harness import llamacpp_build, models, runner
+from harness import models, runner
+from harness.engines.llamacpp import build as llamacpp_build
 from harness.check import check_doc
 from harness.store import Store
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import fidelity, llamacpp_build, models
+from harness import fidelity, models
+from harness.engines.llamacpp import build as llamacpp_build
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from harness import emulate, grid, hardware
+from harness import ceiling, emulate, grid, hardware
 from harness.errors import UserError
 
 AVX2_4G = "x86-avx2-2c-4g"
@@ -24,11 +24,15 @@ def test_committed_classes_load_and_name_their_files():
 
 
 def test_dtype_by_isa():
-    assert hardware.derive_dtype(prof(AVX2_4G), "vllm")[0] == "float32"
-    assert hardware.derive_dtype(prof(BF16_24G), "vllm")[0] == "bfloat16"
-    assert hardware.derive_dtype(prof(ARM_4P4E), "vllm")[0] == "bfloat16"  # i8mm tier implies arm64 bf16
-    assert hardware.derive_dtype(prof("x86-baseline-2c-8g"), "llama.cpp")[0] == "f32"
-    assert hardware.derive_dtype(prof(AVX2_4G), "llama.cpp")[0] == "bf16"
+    from harness.engines import get_engine
+    vllm, llamacpp = get_engine("vllm"), get_engine("llama.cpp")
+    assert vllm.derive_dtype(prof(AVX2_4G))[0] == "float32"
+    assert vllm.derive_dtype(prof(BF16_24G))[0] == "bfloat16"
+    assert vllm.derive_dtype(prof(ARM_4P4E))[0] == "bfloat16"  # i8mm tier implies arm64 bf16
+    assert llamacpp.derive_dtype(prof("x86-baseline-2c-8g"))[0] == "f32"
+    assert llamacpp.derive_dtype(prof(AVX2_4G))[0] == "bf16"
+    assert llamacpp.form_for(prof(AVX2_4G))[0] == llamacpp.check("smollm2-135m", "auto", prof(AVX2_4G)) == "gguf-bf16"
+    assert get_engine("command").derive_dtype(prof(AVX2_4G)) is None
 
 
 def test_tier_flags_are_cumulative_and_nothing_above():
@@ -98,7 +102,7 @@ def test_probe_profile_tier_matches_the_probe():
     host = probe()
     p = hardware.profile_from_probe(host)
     assert p["cores"] >= 1 and p["isa_tier"] in [t for t, _ in hardware.TIERS.get(p["arch"], (("baseline", ()),))]
-    d = hardware.describe_machine(host)
+    d = ceiling.describe_machine(host)
     assert ARM_4P4E in d["cannot_emulate"] or p["arch"] == "aarch64"
 
 

@@ -104,10 +104,17 @@ def test_explicit_kv_survives_legacy_env(tmp_path):
 
 
 def test_dtype_auto_follows_isa():
-    from harness.engines.vllm import dtype_for_host
-    assert dtype_for_host({"avx2": True, "avx512_bf16": False, "amx_bf16": False})[0] == "float32"
-    assert dtype_for_host({"avx512_bf16": True})[0] == "bfloat16"
-    assert dtype_for_host({"amx_bf16": True})[0] == "bfloat16"
+    """One bf16 rule for the run (`dtype: auto`), plan-time admission and `harness adapt`: on an arm64 class with
+    bf16 the two used to disagree (the run picked float32, admission bfloat16)."""
+    from harness import hardware
+    from harness.engines.vllm import Vllm, derive_dtype
+    avx2 = {"arch": "x86_64", "isa": {"avx2": True, "avx512_bf16": False, "amx_bf16": False}}
+    assert derive_dtype(avx2)[0] == "float32"
+    assert derive_dtype({"arch": "x86_64", "isa": {"avx512_bf16": True}})[0] == "bfloat16"
+    assert derive_dtype({"arch": "x86_64", "isa": {"amx_bf16": True}})[0] == "bfloat16"
+    arm = hardware.current_profile("arm64-i8mm-4p4e-8g")
+    assert Vllm().run_dtype("hf-fp32", {"dtype": "auto"}, arm) == Vllm().derive_dtype(arm)[0] == "bfloat16"
+    assert Vllm().run_dtype("hf-bf16", {}, arm) == "bfloat16" and Vllm().run_dtype(None, {}, arm) == "float32"
 
 
 @pytest.mark.engines

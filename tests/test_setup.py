@@ -5,7 +5,8 @@ import shutil
 
 import pytest
 
-from harness import llamacpp_build, models
+from harness import models
+from harness.engines.llamacpp import build as llamacpp_build
 from harness.errors import UserError
 
 

@@ -12,8 +12,8 @@ from functools import lru_cache
 from harness.errors import UserError
 
 ENGINES: dict[str, str] = {
-    "llama.cpp": "harness.engines.llamacpp:LlamaCpp",
-    "llama-bench": "harness.engines.llama_bench:LlamaBench",
+    "llama.cpp": "harness.engines.llamacpp.engine:LlamaCpp",
+    "llama-bench": "harness.engines.llamacpp.llama_bench:LlamaBench",
     "vllm": "harness.engines.vllm:Vllm",
     "command": "harness.engines.command:Command",
     "openvino": "harness.engines.openvino:OpenVino",
@@ -35,3 +35,20 @@ def get_engine(name: str):
 def engine_metrics(name: str) -> tuple[str, ...]:
     """The metrics an engine emits, by name (one definition per name across engines)."""
     return engine_class(name).metrics if name in ENGINES else ()
+
+
+def adapt(model: str, profile: dict, context_len: int = 1024, gen_len: int = 128, store=None,
+          host: str | None = None) -> dict[str, list[dict]]:
+    """`harness adapt`: per engine with derivation rules (each engine's own `adapt`), the settings this
+    profile should use, each with its value, rule and evidence."""
+    out = {}
+    for name in ENGINES:
+        rows = get_engine(name).adapt(model, profile, context_len, gen_len, store, host)
+        if rows is not None:
+            out[name] = [{k: v for k, v in r.items() if k != "admission"} for r in rows]
+    return out
+
+
+def env_prefixes() -> tuple[str, ...]:
+    """The environment prefixes every registered engine names (recorded in provenance)."""
+    return tuple(dict.fromkeys(p for name in ENGINES for p in engine_class(name).env_prefixes))

@@ -17,6 +17,7 @@ tail where the caller does not parse it, stderr's last 64 KiB (kept for failures
 from __future__ import annotations
 
 import fcntl
+import json
 import locale
 import os
 import select
@@ -119,19 +120,65 @@ class Engine(ABC):
     warmup_values: ClassVar[tuple[int, ...] | None] = None  # the warm-up counts it can do; None: any
     metrics: ClassVar[tuple[str, ...]] = ()
     observe_only: ClassVar[frozenset[str]] = frozenset()  # settings it cannot read back (recorded, not enforced)
+    needs_model: ClassVar[bool] = True  # False: runs without a model (no model block, no residency)
+    has_patches: ClassVar[bool] = False  # takes an arm's `patches` (runtime patches: validate_patches)
+    # environment variables (by prefix) that change what the engine computes: recorded in every artifact's provenance
+    env_prefixes: ClassVar[tuple[str, ...]] = ()
+    # runtime memory beyond weights and KV where nothing of this engine was measured yet (a default, never evidence)
+    default_overhead: ClassVar[int] = 0
+    auto_form: ClassVar[bool] = False  # takes `form: auto` (the form its dtype rule picks for a hardware profile)
+    definition_of: ClassVar[str | None] = None  # another engine measured by this one's own definitions (report pairs)
+    definition_pairs: ClassVar[tuple[tuple[str, str], ...]] = ()  # (that engine's metric, this one's) compared
 
     def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
-        """The form a run loads. `auto` (llama.cpp): the form the hardware profile's dtype rule picks
-        (hardware.derive_dtype), on this machine or the emulated class."""
+        """The form a run loads. `auto` (engines with auto_form): the form the engine's dtype rule picks for the
+        hardware profile (derive_dtype), on this machine or the emulated class."""
         form = form or self.default_form
-        if form == "auto" and self.name == "llama.cpp":
+        if form == "auto" and self.auto_form:
             if profile is None:
                 return form  # resolved per run, when the profile is known
-            from harness.hardware import derive_dtype
-            form = f"gguf-{derive_dtype(profile, self.name)[0]}"
+            form = self.form_for(profile)[0]
         if not form.startswith(self.form_prefix):
             raise UserError("arm.form", f"{self.name} needs a {self.form_prefix}* form, got {form!r}", self.form_hint)
         return form
+
+    # ---- hardware: derivations from a profile, memory admission, emulation, provisioning -----------------
+    def derive_dtype(self, profile: dict[str, Any]) -> tuple[str, str] | None:
+        """The dtype this engine should compute in on a hardware profile, with the rule; None: no rule."""
+        return None
+
+    def form_for(self, profile: dict[str, Any]) -> tuple[str, str]:
+        """`form: auto`: the form the dtype rule picks on this profile, with the rule."""
+        raise UserError(self.name, "takes no form: auto", "name a form")
+
+    def admission(self, model: str, profile: dict[str, Any], form: str | None, options: dict[str, Any],
+                  context_len: int, store: Path | None = None, host: str | None = None) -> dict[str, Any] | None:
+        """How many sequences of context_len this engine fits in the profile's available memory (hardware.admission,
+        with the engine's weights, KV bytes, block and measured overhead); None: the engine has no memory rule."""
+        return None
+
+    @classmethod
+    def overhead_parts(cls, a: Any) -> tuple[int, int] | None:
+        """Weights and KV bytes of an ok run artifact (its peak RSS minus both is the runtime's overhead)."""
+        return None
+
+    def adapt(self, model: str, profile: dict[str, Any], context_len: int, gen_len: int,
+              store: Path | None = None, host: str | None = None) -> list[dict[str, Any]] | None:
+        """`harness adapt`: the settings this engine should use on a profile (value, rule, evidence); None: none."""
+        return None
+
+    def isa_record(self, tier: str, env: dict[str, str], effective: dict[str, Any]) -> dict[str, Any]:
+        """How an ISA cap below this machine's was applied to the engine and read back (emulate.isa_record)."""
+        return {"applied": "none", "status": f"not emulated: the {self.name} engine has no ISA switch"}
+
+    def provision(self, isa_variant: str | None = None, rebuild: bool = False) -> dict[str, Any] | None:
+        """Build or check what the engine runs (cached; before anything is measured). `isa_variant`: the build
+        capped at an emulated class's ISA tier, where the engine has one. Returns its build record, if any."""
+        return None
+
+    def validate_patches(self, path: str, where: str, patches: Any) -> None:
+        """An arm's `patches`: refused unless the engine has runtime patches (has_patches)."""
+        raise UserError(path, f"{where}: the {self.name} engine has no runtime patches", "drop the arm's patches")
 
     def options(self, arm: "Arm") -> BaseModel:
         """The arm's options, typed (after `validate`, never fails)."""
@@ -296,6 +343,45 @@ def run_process(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: Path
                      f"{_size(stdout_limit)} the harness reads back: have it write its output to a file")
     return ProcResult(proc.returncode, out.text(), err.text(), timed_out, pm.result(), wall, affinity, out.n, err.n,
                       too_large)
+
+
+@dataclass
+class WorkerRun:
+    """One engine process that answers a request with a result file (speed runs and fidelity alike): its
+    process outcome, the parsed result where it reported ok, else why not (status failed | timeout)."""
+    proc: ProcResult
+    status: str
+    result: dict | None = None
+    error: str | None = None
+    stderr: str = ""
+
+    def failed(self, cmd: list[str], env: dict, engine: dict | None = None,
+               requested: dict | None = None) -> EngineResult:
+        """The failed run's EngineResult (status, error, stderr tail, peak memory)."""
+        return failed(self.status, self.error or "unknown", cmd, env, self.stderr, engine, requested,
+                      self.proc.peak_memory)
+
+
+def run_worker(cmd: list[str], env: dict[str, str], timeout_s: float, out_path: Path, what: str,
+               cwd: Path | None = None, poll_s: float | None = 0.5) -> WorkerRun:
+    """Run an engine's worker (run_process: contained, timed out, memory watched) and read the JSON result it
+    writes to out_path: ok only where it exited 0 and its result says ok (or says nothing of status). The one
+    process-running path of every engine's `run` and of fidelity's `generate`."""
+    r = run_process(cmd, env, timeout_s, cwd=cwd, poll_s=poll_s)
+    if r.timed_out:
+        return WorkerRun(r, "timeout", error=f"{what} exceeded {timeout_s:.0f} s", stderr=r.stderr)
+    try:
+        res = json.loads(out_path.read_text())
+        if not isinstance(res, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError):
+        return WorkerRun(r, "failed", error=f"{what} exited {r.returncode} without a result: {tail(r.stderr, 1)}",
+                         stderr=r.stderr)
+    if r.returncode != 0 or res.get("status", "ok") != "ok":
+        tb = res.get("traceback") or ""
+        return WorkerRun(r, "failed", error=res.get("error") or f"{what} exited {r.returncode}",
+                         stderr=f"{tb}\n{r.stderr}" if tb else r.stderr)
+    return WorkerRun(r, "ok", result=res, stderr=r.stderr)
 
 
 def _size(n: int) -> str:

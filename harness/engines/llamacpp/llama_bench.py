@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from harness import llamacpp_build, models
+from harness import models
+from harness.engines.llamacpp import build as llamacpp_build
 
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
                                   setting, tail)
@@ -65,6 +66,15 @@ class LlamaBench(Engine):
     metrics = ("bench_pp_tok_s", "bench_tg_tok_s", "bench_pp_s")
     # llama-bench sizes its context to each test (prompt + generated + depth): context_len is not applied
     observe_only = frozenset({"context_len", "dtype", "kv_cache_memory_bytes"})
+    env_prefixes = ("GGML_",)
+    # the llama.cpp engine's request figures beside llama-bench's own (report: definition pairs)
+    definition_of = "llama.cpp"
+    definition_pairs = (("decode_tok_s", "bench_tg_tok_s"), ("prefill_tok_s", "bench_pp_tok_s"))
+
+    def provision(self, isa_variant: str | None = None, rebuild: bool = False) -> dict[str, Any]:
+        """The pinned llama.cpp build (its llama-bench binary)."""
+        with llamacpp_build.variant(isa_variant):
+            return llamacpp_build.build(rebuild=rebuild)
 
     def engine_info(self) -> dict[str, Any]:
         m = llamacpp_build.load_manifest()

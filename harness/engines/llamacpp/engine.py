@@ -1,34 +1,50 @@
-"""The llama.cpp engine: requests served by harness/native/edge-bench.cpp, linked against the pinned build.
+"""The llama.cpp engine: requests served by harness/engines/llamacpp/native/edge-bench.cpp, linked against the pinned build.
 
 edge-bench takes the same prompt token ids as every engine (harness/metrics.py), submits `batch` requests
 together as parallel sequences of one context (n_ctx = context_len per sequence), prefills them in one
 batch, then decodes greedily with llama.cpp's sampler, detokenizing each token, and stamps every output
 token. The metrics are computed from those stamps by harness/metrics.py, as for vLLM. The effective
 context, threads, sequences and the process's CPU affinity are read back by the tool itself.
-For fidelity the engine answers requests with harness/native/edge-fidelity.cpp.
+For fidelity the engine answers requests with harness/engines/llamacpp/native/edge-fidelity.cpp.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from harness import llamacpp_build, metrics, models
-from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
+from harness import metrics, models
+from harness.engines.llamacpp import build as llamacpp_build
+from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, run_process, run_worker,
                                   setting, tail)
 from harness.errors import UserError
 
 TOOL = "edge-bench"
 FIDELITY_TOOL = "edge-fidelity"
 CTX_PAD = 256  # this llama.cpp pads each sequence's context to a multiple of 256 tokens (read back: n_ctx_per_seq)
+DEFAULT_OVERHEAD = 64 << 20  # runtime memory beyond weights and KV where no run was measured yet (a default)
+# llama.cpp's system info names of the instruction sets above each tier: none may read "= 1" under the cap
+ABOVE_TIER = {"baseline": ("AVX", "AVX2", "FMA", "F16C", "AVX512", "AVX512_BF16", "AMX_INT8"),
+              "avx2": ("AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8"),
+              "avx512": ("AVX512_VNNI", "AVX512_BF16", "AMX_INT8"), "avx512-bf16": ("AMX_INT8",), "amx": ()}
+
+
+def derive_dtype(profile: dict[str, Any]) -> tuple[str, str]:
+    """bf16 weights from AVX2 up (decode reads half the bytes; measured faster than f32 on both the AVX2 and the
+    AVX512-BF16 host, vllm-vs-llamacpp), f32 below (no measurement, scalar conversions)."""
+    from harness.hardware import tier_rank
+    if profile["arch"] == "x86_64" and tier_rank("x86_64", profile["isa_tier"]) < tier_rank("x86_64", "avx2"):
+        return "f32", "below AVX2: bf16 weights convert in scalar code (unmeasured), f32 is the safe form"
+    return "bf16", "decode is memory-bound: bf16 weights halve the bytes read per token (measured faster than f32)"
 KV_TYPES = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
-ATTRIBUTION_SOURCE = ("edge-bench (harness/native/edge-bench.cpp) with options.attribution: steady_clock around "
+ATTRIBUTION_SOURCE = ("edge-bench (harness/engines/llamacpp/native/edge-bench.cpp) with options.attribution: steady_clock around "
                       "each call of the step; engine_forward from llama.cpp's own eval timer (llama_perf_context)")
 
 
@@ -54,6 +70,65 @@ class LlamaCpp(Engine):
     observe_only = frozenset({"dtype", "kv_cache_memory_bytes"})  # the GGUF's types; KV sized by n_ctx
     reference_form = "gguf-bf16"
     accepts_file = True
+    auto_form = True
+    env_prefixes = ("GGML_",)
+    default_overhead = DEFAULT_OVERHEAD
+
+    def derive_dtype(self, profile: dict[str, Any]) -> tuple[str, str]:
+        return derive_dtype(profile)
+
+    def form_for(self, profile: dict[str, Any]) -> tuple[str, str]:
+        dtype, rule = derive_dtype(profile)
+        return f"gguf-{dtype}", rule
+
+    def admission(self, model: str, profile: dict[str, Any], form: str | None, options: dict[str, Any],
+                  context_len: int, store: Path | None = None, host: str | None = None) -> dict[str, Any]:
+        """Parallel sequences of context_len one process fits on this profile: the form's mapped weights (its
+        weight files' sizes), an f16 KV cache (the default) per sequence padded to CTX_PAD tokens."""
+        from harness import hardware
+        from harness.provenance import current_host_key
+        form = form or self.default_form
+        if form == "auto":
+            form = self.form_for(profile)[0]
+        geo = hardware.geometry(model)
+        overhead, oev = hardware.measured_overhead(type(self), store, host or current_host_key())
+        weights = sum(f["size"] for f in models.weight_files(model, form).values())
+        adm = hardware.admission(int(profile["memory_available_bytes"]), weights, overhead,
+                                 geo["kv_bytes_per_token_per_byte"] * 2, context_len, CTX_PAD)
+        return {**adm, "overhead_evidence": oev, "profile": profile["source"]}
+
+    @classmethod
+    def overhead_parts(cls, a: Any) -> tuple[int, int]:
+        """The mapped GGUF, and an f16 KV cache of the context it read back."""
+        from harness import hardware
+        eff = a.execution.effective
+        kv = int(eff.get("n_ctx", 0)) * hardware.geometry(a.model.name)["kv_bytes_per_token_per_byte"] * 2
+        return eff.get("model_size") or 0, kv
+
+    def adapt(self, model: str, profile: dict[str, Any], context_len: int, gen_len: int,
+              store: Path | None = None, host: str | None = None) -> list[dict[str, Any]]:
+        from harness import hardware
+        form, rule = self.form_for(profile)
+        return hardware.adapt_rows(self, model, profile, ("form", form, rule), {}, context_len, store, host,
+                                   "parallel sequences")
+
+    def isa_record(self, tier: str, env: dict[str, str], effective: dict[str, Any]) -> dict[str, Any]:
+        """The build variant capped at the tier (`harness build --isa TIER`), its system info read back."""
+        from harness.emulate import status
+        info = effective.get("system_info") or ""
+        on = [n for n in ABOVE_TIER.get(tier, ()) if re.search(rf"\b{re.escape(n)} = 1\b", info)]
+        return {"applied": f"llama.cpp build variant {tier} (harness build --isa {tier})",
+                "effective": info.strip(), "source": "llama_print_system_info(), read by edge-bench",
+                "status": status(bool(info) and not on, f"system info reports {', '.join(on) or 'nothing'}")}
+
+    def provision(self, isa_variant: str | None = None, rebuild: bool = False) -> dict[str, Any]:
+        """The pinned llama.cpp build (cached by content; the variant capped at an ISA tier where asked) and the
+        project's tools linked against it (edge-bench; edge-fidelity with the native build)."""
+        with llamacpp_build.variant(isa_variant):
+            m = llamacpp_build.build(rebuild=rebuild)
+            for name in (TOOL,) if isa_variant else (TOOL, FIDELITY_TOOL):
+                llamacpp_build.tool(name)
+        return m
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         where, ctxs = workload.get("context_len", ("workload.context_len", set()))
@@ -102,18 +177,10 @@ class LlamaCpp(Engine):
         env_rec = {**ctx.arm.env, **ctx.env, "OMP_NUM_THREADS": str(ctx.threads)}
         requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
                      "context_len": c, "batch": b, "warmups": w, "repetitions": reps, **ctx.arm.options}
-        r = run_process(cmd, {**os.environ, **env_rec}, ctx.timeout_s, poll_s=ctx.poll_s)
-        if r.timed_out:
-            return failed("timeout", f"{TOOL} exceeded {ctx.timeout_s:.0f} s", cmd, env_rec, r.stderr, info, requested,
-                          r.peak_memory)
-        try:
-            res = json.loads(out_path.read_text())
-        except (OSError, ValueError):
-            return failed("failed", f"{TOOL} exited {r.returncode} without a result: {tail(r.stderr, 1)}", cmd, env_rec,
-                          r.stderr, info, requested, r.peak_memory)
-        if r.returncode != 0 or res.get("status") != "ok":
-            return failed("failed", res.get("error", f"{TOOL} exited {r.returncode}"), cmd, env_rec, r.stderr, info,
-                          requested, r.peak_memory)
+        w = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, TOOL, poll_s=ctx.poll_s)
+        if w.result is None:
+            return w.failed(cmd, env_rec, info, requested)
+        r, res = w.proc, w.result
         eff = res["effective"]
         samples = res["samples"]
         concurrent = min(s["max_concurrent"] for s in samples)

@@ -30,6 +30,7 @@ SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 EXPECTED_COMMIT = "0c1e570"
 
+TOOL_KEY = "llama.cpp"  # the tools' name in the keys of what they make (the model zoo's GGUF forms)
 TARGETS = ("llama-bench", "llama-completion", "llama-quantize", "llama-perplexity", "llama-tokenize")
 VARIANT_TARGETS = ("llama-bench",)  # an ISA variant serves runs only (models come from the native build)
 
@@ -246,7 +247,7 @@ def build(rebuild: bool = False) -> dict:
         commit = commit_full[:7]
         if commit != EXPECTED_COMMIT:
             raise UserError(str(sdist), f"vendored llama.cpp commit {commit} is not the pinned {EXPECTED_COMMIT}",
-                            "check SDIST_SHA256 in harness/llamacpp_build.py")
+                            "check SDIST_SHA256 in harness/engines/llamacpp/build.py")
         src = stage / "src"
         os.replace(top / "vendor" / "llama.cpp", src)
         shutil.rmtree(stage / "x")
@@ -266,7 +267,7 @@ def build(rebuild: bool = False) -> dict:
             p = bdir / "bin" / t
             shutil.copy2(p, bins / t)
             binaries[t] = {"path": str(final_bins / t), "sha256": sha256_file(bins / t), "size": (bins / t).stat().st_size}
-        # The static libraries stay, so that the project's own tools (harness/native/) link against
+        # The static libraries stay, so that the project's own tools (harness/engines/llamacpp/native/) link against
         # exactly the code the binaries above run, without a second llama.cpp build.
         libs = stage / "lib"
         libs.mkdir()
@@ -316,7 +317,7 @@ TOOL_LIBS = ("libllama.a", "libggml.a", "libggml-cpu.a", "libggml-base.a")
 
 
 def tool(name: str) -> Path:
-    """A project tool (harness/native/NAME.cpp) linked against the pinned build's static libraries.
+    """A project tool (harness/engines/llamacpp/native/NAME.cpp) linked against the pinned build's static libraries.
 
     Cached beside the build, keyed by the tool's source sha256: editing the tool recompiles only it.
     Verified (or compiled) once per process.

@@ -21,8 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from harness import metrics, models
-from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
-                                  setting, tail)
+from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, run_worker, setting
 from harness.errors import UserError
 from harness.paths import cache_root
 
@@ -54,29 +53,40 @@ ATTRIBUTION_SOURCE = ("vLLM runtime patch step-attribution (runtime/attribution.
 
 
 def patches_env(value) -> str:
-    """An arm's `patches` option (none, all, or a list of names, where "all" stands for every fix) as
-    EDGE_HARNESS_PATCHES."""
+    """An arm's `patches` (none, all, or a list of names, where "all" stands for every fix) as
+    EDGE_HARNESS_PATCHES: the one rule for grids, fidelity builds and runs."""
     from runtime.patches import NAMES
     if value is None or value == "all":
         return "all"
     if value == "none" or value == []:
         return "none"
-    names = [value] if isinstance(value, str) else list(value)
-    bad = [n for n in names if n not in (*NAMES, "all")]
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UserError("arm.patches", f"must be none, all or a list of patch names, got {str(value)[:80]!r}",
+                        f"known: none, all, {', '.join(NAMES)}")
+    bad = [n for n in names if n not in (*NAMES, "all", "none")]
     if bad:
         raise UserError("arm.patches", f"unknown patch {bad[0]!r}", f"known: none, all, {', '.join(NAMES)}")
-    return ",".join(names)
+    names = [n for n in names if n != "none"]
+    return ",".join(names) if names else "none"
 
 
-def dtype_for_host(isa: dict) -> tuple[str, str]:
-    """`dtype: auto`: bf16 only where the CPU computes in bf16 (AVX512-BF16 or AMX-BF16); else fp32.
+def derive_dtype(profile: dict[str, Any]) -> tuple[str, str]:
+    """`dtype: auto`: bf16 only with bf16 compute in the ISA (AVX512-BF16, AMX-BF16 or arm64 bf16); else fp32.
 
     Without bf16 compute, vLLM prefill measured ~65-70 tok/s in bf16 against ~340-395 in fp32 on
-    an AVX2 machine: bf16 is then a storage format that costs conversions on every op.
+    an AVX2 machine (5x slower): bf16 is then a storage format that costs conversions on every op.
     """
-    if isa.get("amx_bf16") or isa.get("avx512_bf16"):
-        return "bfloat16", "ISA has bf16 compute (avx512_bf16 or amx_bf16)"
-    return "float32", "no bf16 compute in the ISA (no avx512_bf16, no amx_bf16)"
+    isa = profile["isa"]
+    if isa.get("amx_bf16") or isa.get("avx512_bf16") or (profile.get("arch") == "aarch64" and isa.get("bf16")):
+        return "bfloat16", "bf16 compute in the ISA (avx512_bf16, amx_bf16 or arm64 bf16)"
+    return "float32", "no bf16 compute in the ISA: bf16 would be a storage format converted on every op"
+
+
+BLOCK = 128  # vLLM's CPU KV block (read back as block_size in every vLLM artifact)
+DEFAULT_OVERHEAD = 1536 << 20
+# vLLM's x86 kernel libraries, lowest first; the worker loads the one for the tier (none exists below AVX2)
+KERNELS = {"avx2": "_C_AVX2", "avx512": "_C_AVX512", "avx512-bf16": "_C", "amx": "_C"}
 
 
 COST_GRID = "runtime-startup"
@@ -100,7 +110,8 @@ def measured_costs(root: Path | None = None, host_key: str | None = None) -> dic
     from harness.provenance import current_host_key
     from harness.store import Store
     host_key = host_key or current_host_key()
-    arts = Store(Path(root or PROJECT_ROOT / "artifacts")).load_accepted(COST_GRID)[0]
+    from harness.check import load_accepted
+    arts = load_accepted(Store(Path(root or PROJECT_ROOT / "artifacts")), COST_GRID)[0]
     ok = [a for a in arts if a.status == "ok" and a.kind == "run" and a.host.key == host_key]
     if not ok:
         return None
@@ -152,6 +163,96 @@ class Vllm(Engine):
     metrics = (*metrics.NAMES, "startup_s", "peak_rss_mib")
     reference_form = "hf-bf16"
     fidelity_options = frozenset({"dtype", "patches", "eager"})
+    has_patches = True
+    env_prefixes = ("VLLM_", "TORCH", "ATEN_", "ONEDNN_")
+    default_overhead = DEFAULT_OVERHEAD
+
+    def validate_patches(self, path: str, where: str, patches: Any) -> None:
+        try:
+            patches_env(patches)
+        except UserError as e:
+            raise UserError(path, f"{where}: {e.problem}", e.fix) from None
+
+    def derive_dtype(self, profile: dict[str, Any]) -> tuple[str, str]:
+        return derive_dtype(profile)
+
+    def run_dtype(self, form: str | None, options: dict[str, Any], profile: dict[str, Any]) -> str:
+        """The dtype a run computes in: the option (auto: the profile's rule), else the form's."""
+        dtype = options.get("dtype")
+        if dtype == "auto":
+            return derive_dtype(profile)[0]
+        return dtype or FORM_DTYPE.get(form or self.default_form, "float32")
+
+    def admission(self, model: str, profile: dict[str, Any], form: str | None, options: dict[str, Any],
+                  context_len: int, store: Path | None = None, host: str | None = None) -> dict[str, Any]:
+        """`max_num_seqs: auto` / `kv_cache_memory_bytes: auto`: the admission rule on this profile, KV in
+        whole blocks of BLOCK tokens."""
+        from harness import hardware
+        dtype = self.run_dtype(form, options, profile)
+        geo = hardware.geometry(model)
+        size = hardware.DTYPE_BYTES[dtype]
+        from harness.provenance import current_host_key
+        overhead, oev = hardware.measured_overhead(type(self), store, host or current_host_key())
+        adm = hardware.admission(int(profile["memory_available_bytes"]), geo["parameters"] * size, overhead,
+                                 geo["kv_bytes_per_token_per_byte"] * size, context_len, BLOCK)
+        return {**adm, "overhead_evidence": oev, "profile": profile["source"], "dtype": dtype}
+
+    @classmethod
+    def overhead_parts(cls, a: Any) -> tuple[int, int]:
+        from harness import hardware
+        return (a.model.parameters * hardware.DTYPE_BYTES.get(a.model.dtype, 4),
+                a.execution.effective.get("kv_cache_memory_bytes") or 0)
+
+    def adapt(self, model: str, profile: dict[str, Any], context_len: int, gen_len: int,
+              store: Path | None = None, host: str | None = None) -> list[dict[str, Any]]:
+        from harness import hardware
+        dtype, rule = derive_dtype(profile)
+        rows = hardware.adapt_rows(self, model, profile, ("dtype", dtype, rule), {"dtype": dtype}, context_len,
+                                   store, host, "max_num_seqs")
+        if isinstance(profile.get("memory_available_bytes"), int):
+            rows.append({"setting": "kv_cache_memory_bytes", "value": rows[-1]["admission"]["kv_cache_memory_bytes"],
+                         "rule": "the admitted sequences' KV in whole blocks, plus the null block",
+                         "evidence": f"block {BLOCK}"})
+        costs = measured_costs(store, host)
+        core, eager, why = choose_core_and_eager("auto", "auto", gen_len, costs)
+        rows.append({"setting": "engine_core / eager", "value": f"{core} / {'eager' if eager else 'compiled'}",
+                     "rule": why["rule"], "evidence": str(why.get("estimated_s", "none"))})
+        if costs and (core, eager) in costs["configs"]:
+            c = costs["configs"][(core, eager)]
+            rows.append({"setting": "timeout_s", "value": hardware.timeout_s(c["startup_s"], c["s_per_token"], gen_len),
+                         "rule": "3 x (measured start-up + gen_len x s/token), at least 60",
+                         "evidence": f"start-up {c['startup_s']:.1f} s, {1 / c['s_per_token']:.1f} tok/s, host "
+                                     f"{costs.get('host')}"})
+        return rows
+
+    def isa_record(self, tier: str, env: dict[str, str], effective: dict[str, Any]) -> dict[str, Any]:
+        """torch capped by ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA, vLLM's kernel library chosen for the tier by
+        the worker: both read back in the worker."""
+        from harness.emulate import TORCH_CAPS, status
+        _, _, want = TORCH_CAPS[tier]
+        got = effective.get("torch_cpu_capability")
+        kern = effective.get("vllm_kernels")
+        want_k = KERNELS.get(tier)
+        torch_ok = got == want
+        kern_ok = want_k is not None and kern == want_k
+        why = []
+        if not torch_ok:
+            why.append(f"torch reports {got}, the tier needs {want}")
+        if not kern_ok:
+            why.append(f"vLLM loaded {kern}" + ("; vLLM has no kernels below AVX2" if want_k is None else f", not {want_k}"))
+        return {"applied": ", ".join(f"{k}={v}" for k, v in env.items()),
+                "effective": {"torch_cpu_capability": got, "vllm_kernels": kern},
+                "source": "torch.backends.cpu.get_cpu_capability() and the vllm kernel library mapped, in the worker",
+                "status": status(torch_ok and kern_ok, "; ".join(why))}
+
+    def provision(self, isa_variant: str | None = None, rebuild: bool = False) -> dict[str, Any]:
+        """vLLM is the pinned wheel in this environment; its runtime plugin must be registered (the patches and the
+        CPU platform hooks load through it)."""
+        from importlib.metadata import entry_points
+        if not any(ep.value.startswith("runtime.") for ep in entry_points(group="vllm.general_plugins")):
+            raise UserError("vllm.general_plugins", "the edge-harness runtime plugin is not registered",
+                            "run `make` (pip install -e . registers runtime.plugin)")
+        return self.engine_info()
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         batches = workload.get("batch", ("", {1}))[1]
@@ -183,23 +284,22 @@ class Vllm(Engine):
             opts["engine_core"], opts["eager"] = core, eg
         model_dir = models.form_path(ctx.model, form)
         form_root = models.load_manifest(ctx.model)["forms"][form]["path"]
+        if opts.get("dtype") == "auto" or "auto" in (opts.get("max_num_seqs"), opts.get("kv_cache_memory_bytes")):
+            from harness import hardware
+            profile = ctx.profile or hardware.current_profile()
         if opts.get("dtype") == "auto":
-            from harness.probe import cpu_info
-            chosen, rule = dtype_for_host(ctx.isa if ctx.isa is not None else cpu_info()["isa"])
+            chosen, rule = derive_dtype(profile)
             host_overrides["dtype"] = {"requested": "auto", "effective": chosen, "rule": rule,
-                                       "isa": "the emulated class's" if ctx.isa is not None else "this machine's"}
+                                       "isa": "the emulated class's" if ctx.profile is not None else "this machine's"}
             opts["dtype"] = chosen
         if "auto" in (opts.get("max_num_seqs"), opts.get("kv_cache_memory_bytes")):
-            from harness import hardware
-            adm = hardware.vllm_admission(ctx.model, ctx.profile or hardware.current_profile(),
-                                          opts.get("dtype") or FORM_DTYPE.get(form, "float32"),
-                                          int(ctx.params["context_len"]), ctx.store_root)
+            adm = self.admission(ctx.model, profile, form, opts, int(ctx.params["context_len"]), ctx.store_root)
+            adm.pop("dtype")
             for k in ("max_num_seqs", "kv_cache_memory_bytes"):
                 if opts.get(k) == "auto":
                     host_overrides[k] = {"requested": "auto", "effective": adm[k], **adm}
                     opts[k] = adm[k]
-        weight_files = sorted(str(Path(rel).relative_to(form_root)) for rel in models.form_files(ctx.model, form)
-                              if rel.endswith(".safetensors"))
+        weight_files = sorted(str(Path(rel).relative_to(form_root)) for rel in models.weight_files(ctx.model, form))
         batch = int(ctx.params.get("batch", 1))
         prompts = metrics.request_prompts(ctx.model, int(ctx.params["prompt_len"]), batch,
                                           ctx.spec.warmups + ctx.spec.repetitions)
@@ -231,18 +331,10 @@ class Vllm(Engine):
             sys.executable, "-m", "runtime.worker", str(cfg_path), str(out_path)]
         info = self.engine_info()
         requested = {**{k: v for k, v in cfg.items() if k != "prompts"}, **ctx.arm.options}
-        r = run_process(cmd, env, ctx.timeout_s, poll_s=ctx.poll_s)
-        if r.timed_out:
-            return failed("timeout", f"vLLM worker exceeded {ctx.timeout_s:.0f} s", cmd, arm_env, r.stderr, info,
-                          requested, r.peak_memory)
-        try:
-            res = json.loads(out_path.read_text())
-        except (OSError, ValueError):
-            return failed("failed", f"vLLM worker exited {r.returncode} without a result: {tail(r.stderr, 1)}", cmd,
-                          arm_env, r.stderr, info, requested, r.peak_memory)
-        if res.get("status") != "ok":
-            return failed("failed", res.get("error", "unknown worker error"), cmd, arm_env,
-                          (res.get("traceback") or "") + "\n" + r.stderr, info, requested, r.peak_memory)
+        w = run_worker(cmd, env, ctx.timeout_s, out_path, "vLLM worker", poll_s=ctx.poll_s)
+        if w.result is None:
+            return w.failed(cmd, arm_env, info, requested)
+        r, res = w.proc, w.result
         out = metrics.from_timestamps(res["samples"], int(cfg["prompt_len"]))
         out["startup_s"] = {"unit": "s", "samples": [float(res["timings"]["load_s"])], "higher_is_better": False,
                                 "definition": "time to construct vllm.LLM (load weights, allocate the KV cache), "

@@ -24,6 +24,7 @@ class Command(Engine):
     """The worked example of docs/harness.md: options, what it honours, its one metric, `run`."""
 
     name = "command"
+    needs_model = False
     default_form = "none"
     Options = CommandOptions
     honours = frozenset({"warmups", "repetitions"})  # prompt/gen/context lengths reach it only as HARNESS_* env

@@ -1,0 +1,76 @@
+"""No engine name outside harness/engines/: what an engine knows lives in its package (docs/engines.md).
+
+The walk fails on a comparison with, a membership test of, or a dict key equal to a registered engine
+name in any module of harness/ outside harness/engines/. The second test shows it failing on a branch
+put back.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from harness.engines import ENGINES
+
+ROOT = Path(__file__).resolve().parent.parent / "harness"
+# Engine names that are also artifact field names ("command": the command line a run executed): as a dict key
+# or a subscript they name the field; compared with or tested for membership they are still a branch.
+FIELD_NAMES = frozenset({"command"})
+
+
+def _names(node: ast.AST, fields: frozenset[str] = frozenset()) -> list[str]:
+    """The engine names a node holds as string constants (itself, or the items of a tuple/list/set)."""
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [n.value for n in items if isinstance(n, ast.Constant) and n.value in ENGINES and n.value not in fields]
+
+
+def branches(source: str, where: str = "<source>") -> list[str]:
+    """Every comparison with, membership test of (also by set algebra), subscript by, or dict key equal to an
+    engine name in the source."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        found: list[str] = []
+        if isinstance(node, ast.Compare):
+            for part in (node.left, *node.comparators):
+                found += _names(part)
+        elif isinstance(node, ast.Dict):
+            for k in node.keys:
+                if k is not None:
+                    found += _names(k, FIELD_NAMES)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+            found += [kw.arg for kw in node.keywords if kw.arg in ENGINES and kw.arg not in FIELD_NAMES]
+        elif isinstance(node, ast.Subscript):
+            found += _names(node.slice, FIELD_NAMES)
+        elif isinstance(node, ast.BinOp):  # {"llama.cpp", ...} - set(arms): a membership test by set algebra
+            for part in (node.left, node.right):
+                if isinstance(part, (ast.Set, ast.Tuple, ast.List)):
+                    found += _names(part)
+        out += [f"{where}:{node.lineno}: {n!r}" for n in found]
+    return out
+
+
+def test_no_engine_name_outside_engines():
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] == "engines":
+            continue
+        found += branches(path.read_text(), str(rel))
+    assert not found, "engine names branched on outside harness/engines/:\n" + "\n".join(found)
+
+
+def test_the_walk_fails_on_a_reintroduced_branch():
+    # today's branches, as they were before the engine packages owned them
+    assert branches('if a.engine.name != "command":\n    pass\n')
+    assert branches('if any(a.engine in ("llama.cpp", "llama-bench") for a in arms):\n    pass\n')
+    assert branches('DEFAULT_OVERHEAD = {"vllm": 1 << 30}\n')
+    assert branches('x = DEFAULT_OVERHEAD["vllm"]\n')
+    assert branches('if {"llama.cpp", "llama-bench"} - set(arms):\n    pass\n')
+    assert branches('if "openvino" in names:\n    pass\n')
+    assert branches('if engine == "command":\n    pass\n')
+    # what is not a branch: a name in a message or a docstring, a field that shares an engine's name
+    assert not branches('rec = {"command": cmd}\nrec["command"]\n')
+    assert not branches('raise ValueError("vllm failed")\n"""llama.cpp pads each context"""\n')
+    # and the real tree, with one branch put back, fails
+    src = (ROOT / "check.py").read_text()
+    assert branches(src + '\nif kind == "vllm":\n    pass\n')

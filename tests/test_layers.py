@@ -1,0 +1,105 @@
+"""The layers read one way: no import circle among harness modules, and the engine-free pipeline imports no
+engine package (only the registry, harness/engines/__init__.py, and the contract, harness/engines/base.py).
+
+Imports inside functions count (they are edges all the same when the function runs); imports under
+`if TYPE_CHECKING:` do not (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "harness"
+# The model zoo makes its GGUF forms with the pinned llama.cpp's converters (the build module alone: the
+# llama.cpp package's __init__ imports nothing).
+ALLOWED = {("harness.models", "harness.engines.llamacpp"), ("harness.models", "harness.engines.llamacpp.build")}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        parts = p.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+def import_graph(mods: dict[str, Path], sources: dict[str, str] | None = None) -> dict[str, set[str]]:
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        tree = ast.parse((sources or {}).get(m) or p.read_text())
+        typing_only = {id(x) for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+                       for b in n.body for x in ast.walk(b)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for n in names:
+                r = resolve(n) if n.startswith("harness") else None
+                if r and r != m:
+                    graph[m].add(r)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    assert cycles(import_graph(_modules())) == []
+
+
+def test_pipeline_imports_no_engine_package():
+    graph = import_graph(_modules())
+    bad = sorted((m, x) for m, deps in graph.items() if not m.startswith("harness.engines")
+                 for x in deps if x.startswith("harness.engines.") and x != "harness.engines.base"
+                 and (m, x) not in ALLOWED)
+    assert bad == []
+
+
+def test_the_walk_finds_a_reintroduced_circle():
+    mods = _modules()
+    src = mods["harness.hardware"].read_text() + "\n\ndef _f():\n    from harness.engines.vllm import derive_dtype\n"
+    graph = import_graph(mods, {"harness.hardware": src})
+    assert any("harness.hardware" in c and "harness.engines.vllm" in c for c in cycles(graph))
