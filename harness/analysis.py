@@ -97,7 +97,12 @@ def mixed_builds(arts: list) -> list[str]:
         arms[a.grid.arm].append(a)
     for arm, runs in sorted(arms.items()):
         builds = sorted({build_id(a.engine) for a in runs})
-        weights = sorted({model_id(a) for a in runs if a.model.files})
+        # figures pool per cell: a model or form axis gives each cell its own files, which is no mixing
+        cells: dict[str, set[str]] = defaultdict(set)
+        for a in runs:
+            if a.model.files:
+                cells[a.grid.cell].add(model_id(a))
+        weights = sorted(set().union(*(w for w in cells.values() if len(w) > 1)))
         if len(builds) > 1:
             out.append(f"arm {arm}: its runs used {len(builds)} different engine builds (sha256 "
                        f"{', '.join(builds)}): figures of different binaries are pooled in this series")

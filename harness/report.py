@@ -250,7 +250,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "older_status": _status_counts(older) if older else "", "fingerprint": fingerprint,
         "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
         "arm_forms": {a.grid.arm: (a.engine.name, a.model.form) for a in ok},
-        "family": _family_text(an), "between": between, "definitions_note": _definitions_note(tables),
+        "family": _family_text(an), "shows": _shows(an, ok), "between": between, "definitions_note": _definitions_note(tables),
         "host": describe(first.host.model_dump()), "host_key": analysis.machine_key(first),
         "slug": f"{name}-{analysis.machine_key(first)}", "emulated_arms": _emulated_arms(arts),
         "synthetic": any(a.model.source.get("synthetic") for a in arts),
@@ -262,6 +262,34 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "dates": f"{min(a.timing.start for a in arts)[:10]} to {max(a.timing.end for a in arts)[:10]}",
         "store_dirs": sorted({(where or {}).get(a.id, "") for a in arts}),
     }
+
+
+def _shows(an: analysis.SeriesAnalysis, ok: list) -> str:
+    """What a cross-engine series on the very same files shows, in one paragraph generated from the store: the
+    files each cell's engines shared, and every verdict comparison (ratio, interval, verdict). Empty unless the
+    arms run more than one engine and, in every cell, all loaded the same weight files."""
+    cells: dict[str, set] = defaultdict(set)
+    forms: dict[str, set] = defaultdict(set)
+    for a in ok:
+        cells[a.grid.cell].add(analysis.weight_shas(a))
+        forms[a.model.form] |= {s[:12] for s in analysis.weight_shas(a)}
+    if len({a.engine.name for a in ok}) < 2 or not cells or any(len(v) != 1 or not next(iter(v)) for v in cells.values()):
+        return ""
+    engines = " and ".join(sorted({a.engine.name for a in ok}))
+    files = ", ".join(f"{form} `{', '.join(sorted(s))}`" for form, s in sorted(forms.items()))
+    parts = []
+    for r in an.rows:
+        c = r.comparison
+        if r.role != "family" or c is None:
+            continue
+        interval = f" [{c.ci_low:.3f}, {c.ci_high:.3f}]" if c.has_interval else " (no interval)"
+        parts.append(f"{r.metric} {c.ratio:.3f}{interval} at {r.cell_short or r.cell}: {_short_verdict(r.verdict)}")
+    if not parts:
+        return ""
+    arms = sorted({r.arm for r in an.rows if r.role == "family"})
+    return (f"In every cell {engines} loaded the very same weight files (sha256 by form: {files}), so only the engine "
+            f"differs. {', '.join(arms)} relative to {an.baseline} (paired ratio [interval at the family's level]: "
+            f"verdict): {'; '.join(parts)}.")
 
 
 def _family_text(an: analysis.SeriesAnalysis) -> str:

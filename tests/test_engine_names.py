@@ -74,3 +74,31 @@ def test_the_walk_fails_on_a_reintroduced_branch():
     # and the real tree, with one branch put back, fails
     src = (ROOT / "check.py").read_text()
     assert branches(src + '\nif kind == "vllm":\n    pass\n')
+
+
+def test_weight_files_follow_the_format_not_the_suffix():
+    """What residency, bandwidth shares and admission count: the weight files by the form's format; a format
+    without a rule gives no figure (None), never one computed from zero bytes."""
+    from harness.artifact import ModelFile, ModelRef
+    f = [ModelFile(path="ov/model.xml", size=10, sha256="a" * 64), ModelFile(path="ov/model.bin", size=90, sha256="b" * 64)]
+    ir = ModelRef(name="m", form="ov-int8", source={}, format="openvino-ir", dtype="int8", parameters=1, files=f)
+    assert ir.weight_files() is None and ir.weight_bytes() is None
+    gguf = ModelRef(name="m", form="f", source={}, format="gguf", dtype="q8_0", parameters=1,
+                    files=[ModelFile(path="m.weights", size=7, sha256="c" * 64)])
+    assert gguf.weight_bytes() == 7  # a GGUF form is its file, whatever it is called
+    hf = ModelRef(name="m", form="hf", source={}, format="safetensors", dtype="float32", parameters=1,
+                  files=[*f, ModelFile(path="hf/model.safetensors", size=5, sha256="d" * 64)])
+    assert [x.path for x in hf.weight_files()] == ["hf/model.safetensors"]
+
+
+def test_a_form_axis_is_no_mixing_of_weights():
+    """Each cell of a form axis loads its own file: only two file sets within one (arm, cell) are pooled."""
+    from types import SimpleNamespace as NS
+
+    from harness.analysis import mixed_builds
+
+    def run(cell, sha):
+        return NS(grid=NS(arm="a", cell=cell), engine=NS(build={"binary_sha256": "e" * 64}),
+                  model=NS(files=[NS(sha256=sha)]))
+    assert mixed_builds([run("form=q8_0", "1" * 64), run("form=q4_0", "2" * 64)]) == []
+    assert "2 different model file sets" in mixed_builds([run("form=q8_0", "1" * 64), run("form=q8_0", "2" * 64)])[0]
