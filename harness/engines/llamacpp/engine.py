@@ -177,10 +177,10 @@ class LlamaCpp(Engine):
         env_rec = {**ctx.arm.env, **ctx.env, "OMP_NUM_THREADS": str(ctx.threads)}
         requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
                      "context_len": c, "batch": b, "warmups": w, "repetitions": reps, **ctx.arm.options}
-        w = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, TOOL, poll_s=ctx.poll_s)
-        if w.result is None:
-            return w.failed(cmd, env_rec, info, requested)
-        r, res = w.proc, w.result
+        worker = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, TOOL, poll_s=ctx.poll_s)
+        if worker.result is None:
+            return worker.failed(cmd, env_rec, info, requested)
+        r, res = worker.proc, worker.result
         eff = res["effective"]
         samples = res["samples"]
         concurrent = min(s["max_concurrent"] for s in samples)

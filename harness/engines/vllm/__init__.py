@@ -331,10 +331,10 @@ class Vllm(Engine):
             sys.executable, "-m", "runtime.worker", str(cfg_path), str(out_path)]
         info = self.engine_info()
         requested = {**{k: v for k, v in cfg.items() if k != "prompts"}, **ctx.arm.options}
-        w = run_worker(cmd, env, ctx.timeout_s, out_path, "vLLM worker", poll_s=ctx.poll_s)
-        if w.result is None:
-            return w.failed(cmd, arm_env, info, requested)
-        r, res = w.proc, w.result
+        worker = run_worker(cmd, env, ctx.timeout_s, out_path, "vLLM worker", poll_s=ctx.poll_s)
+        if worker.result is None:
+            return worker.failed(cmd, arm_env, info, requested)
+        r, res = worker.proc, worker.result
         out = metrics.from_timestamps(res["samples"], int(cfg["prompt_len"]))
         out["startup_s"] = {"unit": "s", "samples": [float(res["timings"]["load_s"])], "higher_is_better": False,
                                 "definition": "time to construct vllm.LLM (load weights, allocate the KV cache), "
