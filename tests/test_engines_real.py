@@ -151,7 +151,7 @@ def test_llama_completion_greedy_text():
 
 
 def test_greedy_text_is_deterministic():
-    from harness.engines.llamacpp import greedy_text
+    from harness.engines.llamacpp.engine import greedy_text
     a = greedy_text("tiny-llama", "gguf-f32", "The capital of France is", 8)
     b = greedy_text("tiny-llama", "gguf-f32", "The capital of France is", 8)
     assert a["text"] and a["text"] == b["text"] and not a["text"].startswith("The capital")
