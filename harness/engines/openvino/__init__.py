@@ -14,6 +14,14 @@ read from it), the worker's CPU affinity, prompt and output token counts, sequen
 strings. Not read back (observe only): the KV cache size (the paged-attention cache is allocated by the
 library as the request grows; context_len is a bound checked against prompt_len + gen_len, not passed to
 it) and the weight types (the GGUF file's).
+
+Fidelity (`harness fidelity`, worker.py --fidelity): greedy ids from the very LLMPipeline and GenerationConfig a
+measurement uses, and teacher-forced log-probabilities (top-k, argmax, the reference's candidates: the full
+vocabulary) from one forward pass of the model GenAI itself converted from the GGUF file, saved by the pipeline
+(`enable_save_ov_model`) into the run's folder and compiled on the CPU with the same threads: LLMPipeline gives no
+per-position distribution (one summed log-probability per sequence), so the forced pass runs the converted model
+with SDPA attention, not the pipeline's paged attention. The reference form is gguf-q8_0, the most precise GGUF
+form the library loads.
 """
 
 from __future__ import annotations
@@ -152,6 +160,9 @@ class OpenVino(Engine):
     max_batch = 1  # LLMPipeline streams (and so stamps) one request at a time
     metrics = metrics.NAMES
     observe_only = frozenset({"dtype", "kv_cache_memory_bytes", "context_len"})  # the GGUF's types; see CONTEXT_REASON
+    # fidelity: builds are compared against the most precise GGUF form the library loads (it refuses f32 and bf16)
+    reference_form = "gguf-q8_0"
+    accepts_file = True  # a build may be a GGUF file by path, as for llama.cpp
 
     def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
         form = form or self.default_form
@@ -247,6 +258,41 @@ class OpenVino(Engine):
                             compile_cache={"key": "n/a", "state": "n/a (no CACHE_DIR: the model is converted and "
                                                                   "compiled in every run)"},
                             eager=None, settings=settings)
+
+
+    # ---- fidelity -------------------------------------------------------------------------------------
+    def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
+        if form is not None:  # a zoo form the library cannot load is refused before its build runs
+            _refuse_form(f"fidelity build form {form!r}", form)
+        return None  # the GGUF file's types
+
+    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
+                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
+        cfg = {"model_path": str(model_path), "threads": threads, "attention_backend": ATTENTION_BACKEND,
+               "request_path": str(req_path), "ir_dir": str(workdir / "openvino-model")}
+        cfg_path = workdir / "fidelity-config.json"
+        cfg_path.write_text(json.dumps(cfg))
+        cmd = affinity_prefix(cpus, None) + [sys.executable, str(WORKER), "--fidelity", str(cfg_path), str(out_path)]
+        env = {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, "PYTHONNOUSERSITE": "1"}
+        return cmd, env
+
+    def fidelity_result_block(self, eng: dict, result: dict) -> dict:
+        """The engine block, once the worker is shown to have run the hashed build."""
+        eff = result.get("effective") or {}
+        want_dir = os.path.dirname(str(metadata.distribution("openvino").locate_file("openvino/__init__.py")))
+        for key, want in (("openvino_build", eng["build"]["openvino_build"]),
+                          ("openvino_genai_build", eng["build"]["openvino_genai_build"])):
+            if eff.get(key) != want:
+                raise UserError("openvino fidelity worker", f"loaded {key} {eff.get(key)!r}, the hashed library is "
+                                f"{want!r}", "remove the other openvino from the path")
+        if os.path.realpath(str(eff.get("openvino_dir"))) != os.path.realpath(want_dir):
+            raise UserError("openvino fidelity worker", f"imported openvino from {eff.get('openvino_dir')}, the hashed "
+                            f"one is in {want_dir}", "remove the other openvino from the path")
+        return eng
+
+    def fidelity_execution(self) -> dict[str, Any]:
+        return {"compile_cache": {"key": "n/a", "state": "n/a (no CACHE_DIR: the model is converted and compiled in "
+                                                        "every run)"}, "eager": None}
 
 
 def _refuse_form(where: str, form: str) -> None:

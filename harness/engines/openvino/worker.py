@@ -7,6 +7,14 @@ ignored for exactly gen_len tokens, and stamps each output token in a streamer. 
 lets it: the build string, the threads that ran the model (from the kernel: LLMPipeline does not expose its
 compiled model's INFERENCE_NUM_THREADS), its own CPU affinity, the prompt and output token counts, the load
 time and the library's own per-token times. Standard library and openvino only: no harness import.
+
+`python worker.py --fidelity CONFIG.json RESULT.json` answers a `harness fidelity` request instead (the request and
+result format of harness/engines/llamacpp/native/edge-fidelity.cpp): per prompt, greedy ids from the same
+LLMPipeline and GenerationConfig as a measurement, and teacher-forced log-probabilities of the full vocabulary from
+one forward pass of the model GenAI converted from the GGUF file (saved by the pipeline itself,
+`enable_save_ov_model`, into the run's own folder, then compiled on the CPU with the same thread count). The
+pipeline cannot give them: LLMPipeline returns one summed log-probability per sequence (GenerationConfig.logprobs
+is capped at 1), never a position's distribution, and no logits for given tokens.
 """
 
 from __future__ import annotations
@@ -45,15 +53,16 @@ def one_line(text: str) -> str:
     return " ".join(said or lines)[:500]
 
 
-def main(req_path: str, out_path: str) -> int:
+def main(req_path: str, out_path: str, mode: str = "measure") -> int:
     req = json.loads(open(req_path).read())
     res: dict = {"status": "failed"}
     try:
-        res = measure(req)
+        res = fidelity(req) if mode == "fidelity" else measure(req)
         code = 0 if res["status"] == "ok" else 1
     except Exception as e:  # reported in the result file: the harness stores it as a failed run
         traceback.print_exc()
-        res = {"status": "failed", "error": f"{type(e).__name__}: {one_line(str(e))}"}
+        res = {"status": "failed", "error": f"{type(e).__name__}: {one_line(str(e))}",
+               "traceback": traceback.format_exc()[-4000:]}
         code = 1
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
@@ -62,22 +71,44 @@ def main(req_path: str, out_path: str) -> int:
     return code
 
 
-def measure(req: dict) -> dict:
+def load_pipeline(model_path: str, threads: int, attention_backend: str, **extra):
+    """LLMPipeline on the CPU as every measurement loads it: (pipeline, scheduler config, load seconds)."""
+    import openvino_genai as ov_genai
+
+    sched = ov_genai.SchedulerConfig()
+    sched.enable_prefix_caching = False  # every repetition prefills its whole prompt (as vLLM's, prefix caching off)
+    sched.max_num_batched_tokens = 1 << 32  # the whole prompt in one step (the library's latency default)
+    props = {"INFERENCE_NUM_THREADS": threads, "ATTENTION_BACKEND": attention_backend, **extra}
+    t = time.perf_counter()
+    pipe = ov_genai.LLMPipeline(model_path, "CPU", scheduler_config=sched, **props)
+    return pipe, sched, time.perf_counter() - t
+
+
+def greedy_config(gen_len: int):
+    """Greedy decoding of exactly gen_len tokens, end of sequence ignored."""
+    import openvino_genai as ov_genai
+
+    return ov_genai.GenerationConfig(max_new_tokens=gen_len, min_new_tokens=gen_len, ignore_eos=True, do_sample=False)
+
+
+def tokenized(ids: list[int]):
+    """One request of prompt token ids (not text)."""
     import numpy as np
     import openvino as ov
     import openvino_genai as ov_genai
 
+    x = np.array([ids], dtype=np.int64)
+    return ov_genai.TokenizedInputs(ov.Tensor(x), ov.Tensor(np.ones_like(x)))
+
+
+def measure(req: dict) -> dict:
+    import openvino as ov
+    import openvino_genai as ov_genai
+
     threads, gen_len = int(req["threads"]), int(req["gen_len"])
-    sched = ov_genai.SchedulerConfig()
-    sched.enable_prefix_caching = False  # every repetition prefills its whole prompt (as vLLM's, prefix caching off)
-    sched.max_num_batched_tokens = 1 << 32  # the whole prompt in one step (the library's latency default)
-    props = {"INFERENCE_NUM_THREADS": threads, "ATTENTION_BACKEND": req["attention_backend"]}
-    t = time.perf_counter()
-    pipe = ov_genai.LLMPipeline(req["model_path"], "CPU", scheduler_config=sched, **props)
-    load_s = time.perf_counter() - t
+    pipe, sched, load_s = load_pipeline(req["model_path"], threads, req["attention_backend"])
     tokenizer = pipe.get_tokenizer()
-    config = ov_genai.GenerationConfig(max_new_tokens=gen_len, min_new_tokens=gen_len, ignore_eos=True,
-                                       do_sample=False)
+    config = greedy_config(gen_len)
 
     class Stamps(ov_genai.StreamerBase):
         """A timestamp per output token, after it is sampled (by the library) and detokenized (here)."""
@@ -103,8 +134,7 @@ def measure(req: dict) -> dict:
     prompt_tokens, output_tokens, batch_sizes, output_hashes = [], [], [], []
     for rep in req["repetitions"]:
         (ids,) = rep["prompts"]  # batch 1: one request per repetition
-        x = np.array([ids], dtype=np.int64)
-        inputs = ov_genai.TokenizedInputs(ov.Tensor(x), ov.Tensor(np.ones_like(x)))
+        inputs = tokenized(ids)
         streamer = Stamps()
         before = thread_cpu_ns()
         streamer.t0 = time.perf_counter()
@@ -160,8 +190,159 @@ def measure(req: dict) -> dict:
             }}
 
 
+# ---- fidelity ---------------------------------------------------------------------------------------------------
+FORCED_SOURCE = ("one forward pass over prompt + forced tokens of the model OpenVINO GenAI converted from the GGUF file "
+                 "(LLMPipeline's own conversion, saved by it with enable_save_ov_model into the run's folder), compiled "
+                 "on the CPU plugin with the same INFERENCE_NUM_THREADS (stateful model, SDPA attention, the plugin's "
+                 "default precisions); the logits of every position, log-softmax over the full vocabulary in float64")
+GREEDY_SOURCE = ("ids: LLMPipeline.generate on the prompt ids with the measurement's GenerationConfig (greedy, "
+                 "ignore_eos, exactly n_predict tokens) and scheduler config (paged attention); logprobs and top: the "
+                 "teacher-forced pass over those ids (LLMPipeline gives one summed log-probability per sequence, kept "
+                 "as library_scores, and no distribution)")
+
+
+def log_softmax(logits):
+    """Log-softmax of each row (float64)."""
+    import numpy as np
+
+    x = logits.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
+
+
+def top_k(row, k: int) -> list:
+    """The k most likely [id, logprob] of one position, ties to the lowest id (as edge-fidelity)."""
+    import numpy as np
+
+    k = min(k, row.size)
+    kth = np.partition(row, row.size - k)[row.size - k]
+    cand = np.nonzero(row >= kth)[0]
+    order = cand[np.lexsort((cand, -row[cand]))][:k]
+    return [[int(i), float(row[i])] for i in order]
+
+
+def sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fidelity(cfg: dict) -> dict:
+    """Greedy ids and teacher-forced scoring for `harness fidelity` (see the module docstring)."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as ov_genai
+
+    req = json.loads(open(cfg["request_path"]).read())
+    n, k, threads = int(req["n_predict"]), int(req["top_k"]), int(cfg["threads"])
+    # GenAI saves the model it converted next to the file it loaded: the file is linked into a folder of this run's
+    # own, so the saved model is this run's and nothing is written beside the zoo's files
+    ir_dir = cfg["ir_dir"]
+    os.makedirs(ir_dir)  # new: no model of another run is read
+    link = os.path.join(ir_dir, os.path.basename(cfg["model_path"]))
+    os.symlink(os.path.abspath(cfg["model_path"]), link)
+    pipe, sched, load_s = load_pipeline(link, threads, cfg["attention_backend"], enable_save_ov_model=True)
+    xml, weights = os.path.join(ir_dir, "openvino_model.xml"), os.path.join(ir_dir, "openvino_model.bin")
+    if not (os.path.isfile(xml) and os.path.isfile(weights)):
+        return {"status": "failed", "error": f"LLMPipeline saved no converted model in {ir_dir} (enable_save_ov_model): "
+                                             "no logits to score with"}
+    core = ov.Core()
+    t = time.perf_counter()
+    compiled = core.compile_model(core.read_model(xml), "CPU", {"INFERENCE_NUM_THREADS": threads})
+    compile_s = time.perf_counter() - t
+    names = sorted(i.get_any_name() for i in compiled.inputs)
+    if names != ["attention_mask", "beam_idx", "input_ids", "position_ids"]:
+        return {"status": "failed", "error": f"the converted model takes inputs {names}, not the stateful LLM's "
+                                             "input_ids, attention_mask, position_ids, beam_idx"}
+    logits_port = compiled.output("logits")
+    infer = compiled.create_infer_request()
+    n_vocab = int(logits_port.get_partial_shape()[-1].get_length())
+
+    def forced_logprobs(ids: list[int], cont: list[int]):
+        """[len(cont), n_vocab]: the log-probabilities before each token of cont, given the prompt and cont before it."""
+        seq = ids + cont[:-1]  # the last token is only predicted, never fed
+        infer.reset_state()
+        out = infer.infer({"input_ids": np.array([seq], dtype=np.int64),
+                           "attention_mask": np.ones((1, len(seq)), dtype=np.int64),
+                           "position_ids": np.arange(len(seq), dtype=np.int64)[None],
+                           "beam_idx": np.zeros(1, dtype=np.int32)})
+        return log_softmax(out[logits_port][0, len(ids) - 1:])
+
+    config = greedy_config(n)
+    config.logprobs = 1  # the library's summed log-probability of each greedy sequence (its decode path), recorded
+    prompts, library_scores, forced_scores = [], [], []
+    for p in req["prompts"]:
+        ids = [int(i) for i in p["ids"]]
+        if not ids or n < 1:
+            return {"status": "failed", "error": f"an empty prompt or n_predict {n}"}
+        result = pipe.generate(tokenized(ids), config)
+        g_ids = [int(i) for i in result.tokens[0]]
+        if len(g_ids) != n:
+            return {"status": "failed", "error": f"LLMPipeline returned {len(g_ids)} tokens, n_predict is {n}"}
+        g_lp = forced_logprobs(ids, g_ids)
+        rows = range(len(g_ids))
+        res = {"greedy": {"ids": g_ids, "logprobs": [float(g_lp[j, t]) for j, t in zip(rows, g_ids)],
+                          "top": [top_k(g_lp[j], k) for j in rows]}}
+        library_scores.append(float(result.scores[0]))
+        forced_scores.append(float(sum(res["greedy"]["logprobs"])))
+        if "forced" in p or p.get("self_forced"):
+            forced = [int(i) for i in p["forced"]] if "forced" in p else g_ids
+            if not forced:
+                return {"status": "failed", "error": "an empty forced continuation"}
+            lp = g_lp if forced == g_ids else forced_logprobs(ids, forced)
+            cands = p.get("candidates") or []
+            f_c = []
+            for j in range(len(forced)):
+                c = [int(v) for v in (cands[j] if j < len(cands) else [])]
+                bad = [v for v in c if not 0 <= v < n_vocab]
+                if bad:
+                    return {"status": "failed", "error": f"candidate id {bad[0]} out of range (vocabulary {n_vocab})"}
+                f_c.append([float(lp[j, v]) for v in c])
+            res["forced"] = {"argmax": [int(a) for a in lp.argmax(axis=1)],
+                             "logprobs": [float(lp[j, t]) for j, t in enumerate(forced)], "candidates": f_c,
+                             "top": [top_k(lp[j], k) for j in range(len(forced))]}
+        prompts.append(res)
+
+    def prop(key: str) -> str:
+        try:
+            return str(compiled.get_property(key))
+        except Exception as e:  # a property this build does not have
+            return f"unreadable: {type(e).__name__}"
+
+    return {"status": "ok", "prompts": prompts, "n_vocab": n_vocab, "n_predict": n, "top_k": k, "threads": threads,
+            "effective": {
+                "threads": int(compiled.get_property("INFERENCE_NUM_THREADS")),
+                "inference_num_threads": threads,
+                "cpu_affinity": sorted(os.sched_getaffinity(0)),
+                "attention_backend": cfg["attention_backend"],
+                "scheduler_config": " ".join(sched.to_string().split()),
+                "n_ctx": "not passed: OpenVINO GenAI sizes its paged KV cache itself; the forced pass is one request",
+                "greedy_source": GREEDY_SOURCE,
+                "forced_source": FORCED_SOURCE,
+                "forced_model": {"xml_sha256": sha256_of(xml), "bin_sha256": sha256_of(weights),
+                                 **{key.lower(): prop(key) for key in (
+                                     "INFERENCE_PRECISION_HINT", "KEY_CACHE_PRECISION", "VALUE_CACHE_PRECISION",
+                                     "NUM_STREAMS", "EXECUTION_MODE_HINT")}},
+                # per prompt: the greedy tokens' summed log-probability by the library's decode path, and by the
+                # forced pass: their difference is the numerics of the two paths (paged attention and its u8 KV
+                # cache vs one forward)
+                "library_scores": library_scores,
+                "forced_scores": forced_scores,
+                "load_s": load_s,
+                "compile_s": compile_s,
+                "openvino_build": ov.get_version(),
+                "openvino_genai_build": ov_genai.get_version(),
+                "openvino_dir": os.path.dirname(os.path.abspath(ov.__file__)),
+            }}
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        print("usage: worker.py REQUEST.json RESULT.json", file=sys.stderr)
+    args = sys.argv[1:]
+    mode = "fidelity" if args[:1] == ["--fidelity"] else "measure"
+    args = args[1:] if mode == "fidelity" else args
+    if len(args) != 2:
+        print("usage: worker.py REQUEST.json RESULT.json | worker.py --fidelity CONFIG.json RESULT.json", file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(args[0], args[1], mode))
