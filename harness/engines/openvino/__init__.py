@@ -38,8 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import metrics, models
-from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
-                                  setting, tail)
+from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_worker, setting
 from harness.errors import UserError
 
 DIST = "openvino-genai"
@@ -59,7 +58,7 @@ WORKER = Path(__file__).with_name("worker.py")
 LIBRARY = re.compile(r"lib(openvino|openvino_intel_cpu_plugin|openvino_gguf_frontend|openvino_genai|"
                      r"openvino_tokenizers)\.so(\.\d+)*$")
 DISTS = ("openvino", "openvino-genai", "openvino-tokenizers")
-ENV_PREFIXES = ("OV_", "OPENVINO_", "TBB_")  # not among provenance's prefixes (OMP_, VLLM_, GGML_, KMP_)
+ENV_PREFIXES = ("OV_", "OPENVINO_", "TBB_")  # what OpenVINO and its TBB threads read
 
 TIMESTAMPS = ("time.perf_counter() in the worker's StreamerBase.write, after each token is sampled (OpenVINO GenAI's "
               "greedy sampler) and detokenized (Tokenizer.decode of the token, in the callback), relative to the "
@@ -163,6 +162,7 @@ class OpenVino(Engine):
     # fidelity: builds are compared against the most precise GGUF form the library loads (it refuses f32 and bf16)
     reference_form = "gguf-q8_0"
     accepts_file = True  # a build may be a GGUF file by path, as for llama.cpp
+    env_prefixes = ENV_PREFIXES  # recorded in every artifact's provenance, as the other engines' are
 
     def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
         form = form or self.default_form
@@ -223,18 +223,11 @@ class OpenVino(Engine):
         req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
         req_path.write_text(json.dumps(request))
         cmd = cmd[:-2] + [str(req_path), str(out_path)]
-        r = run_process(cmd, {**os.environ, **env_rec}, ctx.timeout_s, cwd=ctx.workdir, poll_s=ctx.poll_s)
-        if r.timed_out:
-            return failed("timeout", f"openvino worker exceeded {ctx.timeout_s:.0f} s", cmd, env_rec, r.stderr, info,
-                          requested, r.peak_memory)
-        try:
-            res = json.loads(out_path.read_text())
-        except (OSError, ValueError):
-            return failed("failed", f"openvino worker exited {r.returncode} without a result: {tail(r.stderr, 1)}", cmd,
-                          env_rec, r.stderr, info, requested, r.peak_memory)
-        if r.returncode != 0 or res.get("status") != "ok":
-            return failed("failed", res.get("error") or f"openvino worker exited {r.returncode}", cmd, env_rec,
-                          r.stderr, info, requested, r.peak_memory)
+        worker = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, "openvino worker",
+                            cwd=ctx.workdir, poll_s=ctx.poll_s)
+        if worker.result is None:
+            return worker.failed(cmd, env_rec, info, requested)
+        r, res = worker.proc, worker.result
         eff, samples = res["effective"], res["samples"]
         problem = _mismatch(info, eff, p, g, len(samples), w + reps)
         if problem:
