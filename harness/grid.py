@@ -641,7 +641,7 @@ def _validate_hardware(spec: GridSpec, arm: Arm, cell: Cell) -> None:
     """A run under a hardware class: this machine can emulate it at the run's threads, and (for model engines)
     the class's memory admits the cell's sequences (the admission rule, with its numbers)."""
     name = hardware_of(arm, cell.params)
-    auto = any(arm.options.get(k) == "auto" for k in ("max_num_seqs", "kv_cache_memory_bytes"))
+    auto = get_engine(arm.engine).sizes_by_admission(arm.options)
     if name is None and not auto:
         return
     from harness import emulate, hardware

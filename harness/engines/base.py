@@ -157,6 +157,11 @@ class Engine(ABC):
         with the engine's weights, KV bytes, block and measured overhead); None: the engine has no memory rule."""
         return None
 
+    def sizes_by_admission(self, options: dict[str, Any]) -> bool:
+        """Whether these options ask the admission rule to size the run (vLLM's `max_num_seqs: auto`): plan then
+        checks the cell fits on this machine, as it does for every run under a hardware class."""
+        return False
+
     @classmethod
     def overhead_parts(cls, a: Any) -> tuple[int, int] | None:
         """Weights and KV bytes of an ok run artifact (its peak RSS minus both is the runtime's overhead)."""

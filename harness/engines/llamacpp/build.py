@@ -311,6 +311,16 @@ def build(rebuild: bool = False) -> dict:
     return manifest
 
 
+def engine_block(name: str, m: dict | None = None) -> dict:
+    """The artifact's engine block for an engine running this build: version, commit, flags, compiler, keys."""
+    m = m or load_manifest()
+    return {"name": name, "version": f"{m['source']['package']}=={m['source']['version']} (vendored)",
+            "build_commit": m["build_commit"],
+            "build": {"flags": m["flags"], "compiler": m["compiler"], "build_key": m["build_key"],
+                      "native_isa": m.get("native_isa", "unknown"), "sdist_sha256": m["source"]["sdist_sha256"],
+                      **({"isa_variant": m["isa_variant"]} if m.get("isa_variant") else {})}}
+
+
 NATIVE_DIR = Path(__file__).resolve().parent / "native"
 # Link order matters for static archives: each one after the ones that use it.
 TOOL_LIBS = ("libllama.a", "libggml.a", "libggml-cpu.a", "libggml-base.a")

@@ -140,12 +140,7 @@ class LlamaCpp(Engine):
                             f"set context_len to a multiple of {CTX_PAD}")
 
     def engine_info(self) -> dict[str, Any]:
-        m = llamacpp_build.load_manifest()
-        return {"name": "llama.cpp", "version": f"{m['source']['package']}=={m['source']['version']} (vendored)",
-                "build_commit": m["build_commit"],
-                "build": {"flags": m["flags"], "compiler": m["compiler"], "build_key": m["build_key"],
-                          "native_isa": m.get("native_isa", "unknown"), "sdist_sha256": m["source"]["sdist_sha256"],
-                          **({"isa_variant": m["isa_variant"]} if m.get("isa_variant") else {})}}
+        return llamacpp_build.engine_block(self.name)
 
     def _tool_block(self, name: str) -> dict[str, Any]:
         info = self.engine_info()

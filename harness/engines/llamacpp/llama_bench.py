@@ -78,11 +78,10 @@ class LlamaBench(Engine):
 
     def engine_info(self) -> dict[str, Any]:
         m = llamacpp_build.load_manifest()
-        return {"name": "llama-bench", "version": f"{m['source']['package']}=={m['source']['version']} (vendored)",
-                "build_commit": m["build_commit"],
-                "build": {"flags": m["flags"], "compiler": m["compiler"], "build_key": m["build_key"],
-                          "native_isa": m.get("native_isa", "unknown"), "sdist_sha256": m["source"]["sdist_sha256"],
-                          "binary": "llama-bench", "binary_sha256": m["binaries"]["llama-bench"]["sha256"]}}
+        info = llamacpp_build.engine_block(self.name, m)
+        info["build"].pop("isa_variant", None)  # llama-bench runs the native build only
+        info["build"].update({"binary": "llama-bench", "binary_sha256": m["binaries"]["llama-bench"]["sha256"]})
+        return info
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
         model_path = models.form_path(ctx.model, form)

@@ -197,6 +197,9 @@ class Vllm(Engine):
                                  geo["kv_bytes_per_token_per_byte"] * size, context_len, BLOCK)
         return {**adm, "overhead_evidence": oev, "profile": profile["source"], "dtype": dtype}
 
+    def sizes_by_admission(self, options: dict[str, Any]) -> bool:
+        return any(options.get(k) == "auto" for k in ("max_num_seqs", "kv_cache_memory_bytes"))
+
     @classmethod
     def overhead_parts(cls, a: Any) -> tuple[int, int]:
         from harness import hardware
