@@ -90,28 +90,47 @@ def from_timestamps(samples: list[dict], prompt_len: int) -> dict[str, dict]:
 # ---- where a decode step's time goes (engines that time their parts: vLLM with the step-attribution patch,
 # llama.cpp through edge-bench) ------------------------------------------------------------------------------
 
-# part -> definition: the same names for every engine, each saying what it covers in each engine
-STEP_PARTS: dict[str, str] = {
-    "schedule": "choosing what runs this step (vLLM: Scheduler.schedule; llama.cpp: none, the loop decodes every "
-                "unfinished sequence)",
-    "prepare": "building the step's inputs (vLLM: batch state, attention metadata and input tensors; llama.cpp: "
-               "filling the llama_batch)",
-    "forward": "the model's forward pass for the step, LM head included (vLLM: GPUModelRunner._model_forward and "
-               "LogitsProcessor.forward; llama.cpp: llama_decode, graph build and compute)",
-    "sample": "choosing the token from the logits, greedy (vLLM: GPUModelRunner._sample; llama.cpp: "
-              "llama_sampler_sample, which also reads the logits)",
-    "update": "bookkeeping after the forward (vLLM: request state, Scheduler.update_from_output; llama.cpp: none)",
-    "detokenize": "turning the token into text (vLLM: the incremental detokenizer; llama.cpp: llama_token_to_piece)",
-    "output": "building the request's output (vLLM: OutputProcessor.process_outputs less detokenization; "
-              "llama.cpp: storing the id and timestamp)",
+# part -> what it covers in every engine; each engine that times its steps says what the part is in it
+# (Engine.step_parts, Engine.inside_forward), and a part's definition names them all (step_parts())
+STEP_PART_NAMES: dict[str, str] = {
+    "schedule": "choosing what runs this step",
+    "prepare": "building the step's inputs",
+    "forward": "the model's forward pass for the step, LM head included",
+    "sample": "choosing the token from the logits, greedy",
+    "update": "bookkeeping after the forward",
+    "detokenize": "turning the token into text",
+    "output": "building the request's output",
     "rest": "the step's own wall time less every part above: Python or C++ around the calls, queues",
 }
 MODEL_PARTS = ("forward",)
 # timed inside the forward by the code that runs there: already in `forward`, never added to the parts' sum
-INSIDE_FORWARD: dict[str, str] = {
-    "linear_kernel": "the linear layers' matrix-vector kernel alone, LM head included (vLLM with the decode-gemv "
-                     "patch: runtime/gemv.py's kernel timed by its own C++ clock, every call of up to 4 tokens)",
+INSIDE_FORWARD_NAMES: dict[str, str] = {
+    "linear_kernel": "the linear layers' matrix-vector kernel alone, LM head included",
 }
+
+
+def _with_engines(names: dict[str, str], attr: str) -> dict[str, str]:
+    """Each part's definition: what it covers, then what it is in each engine that times it."""
+    from harness.engines import ENGINES, engine_class
+    timed = sorted((c for c in map(engine_class, ENGINES) if getattr(c, attr)), key=lambda c: c.step_parts_order)
+    out = {}
+    for part, text in names.items():
+        notes = [getattr(c, attr)[part] for c in timed if part in getattr(c, attr)]
+        out[part] = f"{text} ({'; '.join(notes)})" if notes else text
+    return out
+
+
+@lru_cache(maxsize=1)
+def step_parts() -> dict[str, str]:
+    """part -> its definition (recorded in every attribution block as part_definitions)."""
+    return _with_engines(STEP_PART_NAMES, "step_parts")
+
+
+@lru_cache(maxsize=1)
+def inside_forward() -> dict[str, str]:
+    return _with_engines(INSIDE_FORWARD_NAMES, "inside_forward")
+
+
 ATTRIBUTION_DEFINITION = (
     "per decode step (after each request's first token, measured repetitions only), each part's wall time as "
     "the engine timed it inside the step (exclusive: a timed call inside another counts once); itl: the gap "
@@ -136,10 +155,10 @@ def attribution(samples: list[dict], source: str) -> dict | None:
             if not st.get("emitted"):
                 continue
             if st.get("first_tokens", 0) == 0 and prev is not None:
-                for k in STEP_PARTS:
+                for k in STEP_PART_NAMES:
                     if k in st:
                         parts.setdefault(k, []).append(float(st[k]))
-                for k in INSIDE_FORWARD:
+                for k in INSIDE_FORWARD_NAMES:
                     if k in st:
                         inside.setdefault(k, []).append(float(st[k]))
                 walls.append(float(st["step"]))
@@ -154,14 +173,14 @@ def attribution(samples: list[dict], source: str) -> dict | None:
     itl = sum(gaps) / n
     out = {"source": source, "definition": ATTRIBUTION_DEFINITION, "steps": n,
            "parts": {k: _part(v) for k, v in parts.items()},
-           "part_definitions": {k: STEP_PARTS[k] for k in parts},
+           "part_definitions": {k: step_parts()[k] for k in parts},
            "step_mean_ms": 1e3 * sum(walls) / n, "itl_mean_ms": 1e3 * itl, "itl_median_ms": 1e3 * percentile(gaps, 50),
            "accounted": sum(mean.values()) / itl if itl > 0 else None,
            "model_share": sum(mean.get(k, 0.0) for k in MODEL_PARTS) / itl if itl > 0 else None,
            "engine_forward_mean_ms": 1e3 * sum(engine_forward) / len(engine_forward) if engine_forward else None}
     if inside:
         out["inside_forward"] = {k: _part(v) for k, v in inside.items()}
-        out["inside_forward_definitions"] = {k: INSIDE_FORWARD[k] for k in inside}
+        out["inside_forward_definitions"] = {k: inside_forward()[k] for k in inside}
     return out
 
 

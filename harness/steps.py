@@ -10,9 +10,9 @@ from collections import defaultdict
 from typing import Any
 
 from harness import stats
-from harness.metrics import STEP_PARTS
+from harness.metrics import STEP_PART_NAMES, step_parts
 
-PARTS = tuple(STEP_PARTS)
+PARTS = tuple(STEP_PART_NAMES)
 ACCOUNT_TOLERANCE = 0.10  # the parts must account for the inter-token latency within this
 
 
@@ -64,7 +64,7 @@ def steps_block(arts: list, section: dict, best: dict[int, dict[str, float]] | N
             "kernel_ms": kern, "kernel_bw_share_value": None if kgbs is None or not bw else kgbs / bw,
             "instrumented": True})
     parts_present = [p for p in PARTS if any(r["parts"].get(p) for r in rows)]
-    return {"rows": rows, "parts": parts_present, "definitions": {p: STEP_PARTS[p] for p in parts_present},
+    return {"rows": rows, "parts": parts_present, "definitions": {p: step_parts()[p] for p in parts_present},
             "text": _meaning(rows), "tolerance": f"{100 * ACCOUNT_TOLERANCE:.0f}%",
             "source": sorted({a.attribution.source for a in ok})}
 

@@ -127,6 +127,11 @@ class Engine(ABC):
     # runtime memory beyond weights and KV where nothing of this engine was measured yet (a default, never evidence)
     default_overhead: ClassVar[int] = 0
     auto_form: ClassVar[bool] = False  # takes `form: auto` (the form its dtype rule picks for a hardware profile)
+    # decode-step attribution (harness/metrics.py step_parts): what each part it times is in this engine, and
+    # what it times inside the forward; step_parts_order: where its notes stand in a part's definition
+    step_parts: ClassVar[dict[str, str]] = {}
+    inside_forward: ClassVar[dict[str, str]] = {}
+    step_parts_order: ClassVar[int] = 100
     definition_of: ClassVar[str | None] = None  # another engine measured by this one's own definitions (report pairs)
     definition_pairs: ClassVar[tuple[tuple[str, str], ...]] = ()  # (that engine's metric, this one's) compared
 

@@ -71,6 +71,14 @@ class LlamaCpp(Engine):
     reference_form = "gguf-bf16"
     accepts_file = True
     auto_form = True
+    step_parts = {"schedule": "llama.cpp: none, the loop decodes every unfinished sequence",
+                  "prepare": "llama.cpp: filling the llama_batch",
+                  "forward": "llama.cpp: llama_decode, graph build and compute",
+                  "sample": "llama.cpp: llama_sampler_sample, which also reads the logits",
+                  "update": "llama.cpp: none",
+                  "detokenize": "llama.cpp: llama_token_to_piece",
+                  "output": "llama.cpp: storing the id and timestamp"}
+    step_parts_order = 1
     env_prefixes = ("GGML_",)
     default_overhead = DEFAULT_OVERHEAD
 

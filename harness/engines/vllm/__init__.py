@@ -164,6 +164,16 @@ class Vllm(Engine):
     reference_form = "hf-bf16"
     fidelity_options = frozenset({"dtype", "patches", "eager"})
     has_patches = True
+    step_parts = {"schedule": "vLLM: Scheduler.schedule",
+                  "prepare": "vLLM: batch state, attention metadata and input tensors",
+                  "forward": "vLLM: GPUModelRunner._model_forward and LogitsProcessor.forward",
+                  "sample": "vLLM: GPUModelRunner._sample",
+                  "update": "vLLM: request state, Scheduler.update_from_output",
+                  "detokenize": "vLLM: the incremental detokenizer",
+                  "output": "vLLM: OutputProcessor.process_outputs less detokenization"}
+    inside_forward = {"linear_kernel": "vLLM with the decode-gemv patch: runtime/gemv.py's kernel timed by its own "
+                                       "C++ clock, every call of up to 4 tokens"}
+    step_parts_order = 0
     env_prefixes = ("VLLM_", "TORCH", "ATEN_", "ONEDNN_")
     default_overhead = DEFAULT_OVERHEAD
 
