@@ -64,6 +64,10 @@ class ModelFile(Frozen):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+# The execution block's field holding the command line a run executed. Named once here: "command" is also an
+# engine's name, and outside harness/engines/ no dict is keyed by an engine's name (tests/test_engine_names.py).
+COMMAND = "command"
+
 # Which files of a form hold its weights, by the form's format (the manifest's, recorded as model.format): the
 # bytes residency, bandwidth shares and admission count. A format without a rule has no known weight files, and
 # the figures that need them are not computed (never from zero bytes). A new format adds its rule here.

@@ -251,7 +251,7 @@ def generate(g: FidelityGrid, engine: str, model_path: Path, dtype: str | None, 
                                                       options)
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | env_rec
     w = run_worker(cmd, env, g.timeout_s, out_path, engine)
-    res: dict[str, Any] = {"command": cmd, "env": env_rec, "cpus": cpus}
+    res: dict[str, Any] = {"argv": cmd, "env": env_rec, "cpus": cpus}
     if w.result is None:
         return res | {"status": w.status, "error": w.error, "stderr": tail(w.stderr)}
     return res | {"status": "ok", "result": w.result}
@@ -335,7 +335,7 @@ def gate(summary: dict, thresholds: dict[str, float], rows: list[dict]) -> list[
 def _execution(res: dict, g: FidelityGrid, engine: str, requested: dict, effective: dict) -> dict:
     return {"threads": g.threads, "cpu_affinity": res["cpus"], "numa_policy": "default (no numa option)",
             "env": {**provenance.relevant_env(), **res["env"]}, "requested": requested, "effective": effective,
-            **get_engine(engine).fidelity_execution(), "command": [str(c) for c in res["command"]]}
+            **get_engine(engine).fidelity_execution(), artifact.COMMAND: [str(c) for c in res["argv"]]}
 
 
 @dataclass

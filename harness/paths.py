@@ -23,10 +23,6 @@ def downloads_dir() -> Path:
     return cache_root() / "dl"
 
 
-def llamacpp_root() -> Path:
-    return cache_root() / "llama.cpp"
-
-
 def models_root() -> Path:
     return cache_root() / "models"
 

@@ -459,7 +459,7 @@ def _ceiling_of_host(cal: Any, newest: dict[str, list[RunArtifact]]) -> dict:
                          "forward_bw": "-" if fwd_gbs is None else
                          f"{fwd_gbs:.2f} ({100 * fwd_gbs / best[t]['read_bandwidth_gb_s']:.0f}%)",
                          "n": len(arts)})
-    return {"calibration": cal_rows, "rows": rows, "id": cal.id[:12], "command": cal.grid.path,
+    return {"calibration": cal_rows, "rows": rows, "id": cal.id[:12], "measured_by": cal.grid.path,
             "definitions": cal.method["definitions"], "date": cal.timing.start[:10], "host_key": cal.host.key,
             "dirty": cal.harness.dirty, "host": describe(cal.host.model_dump()), "missing": ""}
 

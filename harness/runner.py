@@ -183,7 +183,7 @@ def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, t
                       "env": {**provenance.relevant_env(), **res.env} if env is None else env,
                       "requested": res.requested,
                       "effective": res.effective, "compile_cache": res.compile_cache, "eager": res.eager,
-                      "command": _command(res.command), "observe": arm.observe,
+                      artifact.COMMAND: _command(res.command), "observe": arm.observe,
                       "settings": settings_block(res.settings, engine, arm), "emulation": emulation,
                       **({"executor": executor} if executor else {})},
         "workload": {"prompt_len": p["prompt_len"], "context_len": p["context_len"], "gen_len": p["gen_len"],

@@ -13,15 +13,12 @@ from pathlib import Path
 from harness.engines import ENGINES
 
 ROOT = Path(__file__).resolve().parent.parent / "harness"
-# Engine names that are also artifact field names ("command": the command line a run executed): as a dict key
-# or a subscript they name the field; compared with or tested for membership they are still a branch.
-FIELD_NAMES = frozenset({"command"})
 
 
-def _names(node: ast.AST, fields: frozenset[str] = frozenset()) -> list[str]:
+def _names(node: ast.AST) -> list[str]:
     """The engine names a node holds as string constants (itself, or the items of a tuple/list/set)."""
     items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
-    return [n.value for n in items if isinstance(n, ast.Constant) and n.value in ENGINES and n.value not in fields]
+    return [n.value for n in items if isinstance(n, ast.Constant) and n.value in ENGINES]
 
 
 def branches(source: str, where: str = "<source>") -> list[str]:
@@ -36,11 +33,11 @@ def branches(source: str, where: str = "<source>") -> list[str]:
         elif isinstance(node, ast.Dict):
             for k in node.keys:
                 if k is not None:
-                    found += _names(k, FIELD_NAMES)
+                    found += _names(k)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
-            found += [kw.arg for kw in node.keywords if kw.arg in ENGINES and kw.arg not in FIELD_NAMES]
+            found += [kw.arg for kw in node.keywords if kw.arg in ENGINES]
         elif isinstance(node, ast.Subscript):
-            found += _names(node.slice, FIELD_NAMES)
+            found += _names(node.slice)
         elif isinstance(node, ast.BinOp):  # {"llama.cpp", ...} - set(arms): a membership test by set algebra
             for part in (node.left, node.right):
                 if isinstance(part, (ast.Set, ast.Tuple, ast.List)):
@@ -68,8 +65,10 @@ def test_the_walk_fails_on_a_reintroduced_branch():
     assert branches('if {"llama.cpp", "llama-bench"} - set(arms):\n    pass\n')
     assert branches('if "openvino" in names:\n    pass\n')
     assert branches('if engine == "command":\n    pass\n')
-    # what is not a branch: a name in a message or a docstring, a field that shares an engine's name
-    assert not branches('rec = {"command": cmd}\nrec["command"]\n')
+    # a field that shares an engine's name counts too (the artifact's "command" is artifact.COMMAND)
+    assert branches('rec = {"command": cmd}\n') and branches('rec["command"]\n') and branches('dict(command=cmd)\n')
+    assert not branches('rec = {artifact.COMMAND: cmd}\n')
+    # what is not a branch: a name in a message or a docstring
     assert not branches('raise ValueError("vllm failed")\n"""llama.cpp pads each context"""\n')
     # and the real tree, with one branch put back, fails
     src = (ROOT / "check.py").read_text()

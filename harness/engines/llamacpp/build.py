@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.paths import downloads_dir, llamacpp_root, sha256_file
+from harness.paths import cache_root, downloads_dir, sha256_file
 
 SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
@@ -126,6 +126,11 @@ def build_key() -> str:
     """Cache key of the build directory: the code key, and what the build keeps (its static libraries)."""
     payload = json.dumps({**_key_payload(), "keeps_static_libs": True})
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def llamacpp_root() -> Path:
+    """Where every build lives (outside the checkout), one folder per build key."""
+    return cache_root() / TOOL_KEY
 
 
 def build_dir() -> Path:
