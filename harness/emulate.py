@@ -169,8 +169,6 @@ def status(ok: bool, why: str) -> str:
     return "emulated" if ok else f"not emulated: {why}"
 
 
-_status = status
-
 
 UNVERIFIED = "unverified: the run failed before the engine reported what it used"
 
@@ -187,14 +185,14 @@ def record(em: Emulation, engine: str, effective: dict, settings: dict, balloon_
     caps: dict[str, Any] = {
         "cores": {"requested": hc.cores, "applied": f"taskset -c {','.join(map(str, em.cpus))}",
                   "effective": aff, "source": "the engine process's affinity (execution.settings.cpus)",
-                  "status": _status(cores_ok, f"the engine ran on {aff}")},
+                  "status": status(cores_ok, f"the engine ran on {aff}")},
         "memory": {"requested_bytes": target,
                    "applied": (f"balloon of {em.balloon_bytes} B in {len(em.balloons)} part(s) "
                                f"({'locked' if locked else 'resident, not all locked'})"
                                if em.balloons else "none needed: the machine had no more available"),
                    "effective_available_bytes": avail, "source": "MemAvailable (/proc/meminfo) at engine start",
                    "engine_view_bytes": effective.get("memory_available_seen"),
-                   "status": _status(mem_ok, "the balloon did not hold" if not balloon_held else
+                   "status": status(mem_ok, "the balloon did not hold" if not balloon_held else
                                      f"{avail} B available at start, class {target} B")},
     }
     caps["isa"] = isa_record(em, engine, effective)

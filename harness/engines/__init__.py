@@ -49,6 +49,7 @@ def adapt(model: str, profile: dict, context_len: int = 1024, gen_len: int = 128
     return out
 
 
+@lru_cache(maxsize=1)
 def env_prefixes() -> tuple[str, ...]:
     """The environment prefixes every registered engine names (recorded in provenance)."""
     return tuple(dict.fromkeys(p for name in ENGINES for p in engine_class(name).env_prefixes))

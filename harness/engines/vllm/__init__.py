@@ -205,7 +205,7 @@ class Vllm(Engine):
         overhead, oev = hardware.measured_overhead(type(self), store, host or current_host_key())
         adm = hardware.admission(int(profile["memory_available_bytes"]), geo["parameters"] * size, overhead,
                                  geo["kv_bytes_per_token_per_byte"] * size, context_len, BLOCK)
-        return {**adm, "overhead_evidence": oev, "profile": profile["source"], "dtype": dtype}
+        return {**adm, "overhead_evidence": oev, "profile": profile["source"]}
 
     def sizes_by_admission(self, options: dict[str, Any]) -> bool:
         return any(options.get(k) == "auto" for k in ("max_num_seqs", "kv_cache_memory_bytes"))
@@ -307,7 +307,6 @@ class Vllm(Engine):
             opts["dtype"] = chosen
         if "auto" in (opts.get("max_num_seqs"), opts.get("kv_cache_memory_bytes")):
             adm = self.admission(ctx.model, profile, form, opts, int(ctx.params["context_len"]), ctx.store_root)
-            adm.pop("dtype")
             for k in ("max_num_seqs", "kv_cache_memory_bytes"):
                 if opts.get(k) == "auto":
                     host_overrides[k] = {"requested": "auto", "effective": adm[k], **adm}
