@@ -10,7 +10,6 @@ import difflib
 import hashlib
 import itertools
 import json
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -26,7 +25,7 @@ from harness.artifact import RunArtifact
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
 from harness.probe import describe
-from harness.paths import safe_component
+from harness.plotcache import PLOT_HASHES, write_plots  # noqa: F401 (cli and tests reach them here)
 from harness.store import Store, gc_paused, load_path, read_bytes
 
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
@@ -580,76 +579,6 @@ def plot_names(section: dict) -> list[str]:
     if section.get("context") and any(r["decode_value"] is not None for r in section["context"]["rows"]):
         names.append(f"{section['slug']}-context.png")
     return names
-
-
-PLOT_HASHES = "plots.json"  # beside the plots: each plot's name -> the sha256 of the data it was drawn from
-
-
-def _plot_data_hash(sec: dict, name: str) -> str:
-    """What a plot shows: its section's identity and every row figure it draws (not the markdown text)."""
-    keys = ("metric", "unit")
-    rows = [(t["metric"], r["arm"], r["cell_short"], r["threads"], r["median_value"], list(r["median_ci"]),
-             r.get("ratio_value"), list(r.get("ci", ())), r["verdict"]) for t in sec["tables"] for r in t["rows"]]
-    blob = json.dumps({"name": name, "title": [sec["name"], sec["host_key"], sec["baseline"]],
-                       "tables": [[t[k] for k in keys] for t in sec["tables"]], "rows": rows,
-                       "scale": [(r["arm"], r["parameters"], r["bw_share_value"]) for r in (sec.get("scale") or {}).get(
-                           "rows", [])],
-                       **({"steps": [(r["arm"], r["cell"], r["threads"], r["parts"], r["itl_ms"])
-                                     for r in sec["steps"]["rows"]]} if sec.get("steps") else {}),
-                       **({"context": [(r["arm"], r["size"], r["prompt_len"], r["decode_value"])
-                                       for r in sec["context"]["rows"]]} if sec.get("context") else {}),
-                       "plots_code": _plots_code_hash()}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-@lru_cache(maxsize=1)
-def _plots_code_hash() -> str:
-    return hashlib.sha256((Path(__file__).parent / "plots.py").read_bytes()).hexdigest()[:16]
-
-
-def write_plots(sections: list[dict], out_dir: Path) -> tuple[list[Path], list[Path]]:
-    """Draw the plots the markdown names (plot_names) whose data changed since they were drawn (the hash of
-    their data is recorded in plots.json beside them); matplotlib is imported only when one must be drawn.
-    Every plot path is built by paths.contained: a name that is not one file name, or that would resolve
-    outside out_dir, is refused (drawn) or never touched (a stale name read from plots.json). (drawn, unchanged)."""
-    from harness.paths import contained, name_problem
-    record_path = out_dir / PLOT_HASHES
-    try:
-        record = json.loads(read_bytes(record_path, limit=1 << 20))
-        if not isinstance(record, dict):
-            record = {}
-    except (UserError, ValueError):
-        record = {}
-    drawn, kept, new_record = [], [], {}
-    for sec in sections:
-        for name in sec["plots"]:
-            path = contained(out_dir, safe_component(name, f"plot of grid {sec['name']}"))
-            h = _plot_data_hash(sec, name)
-            new_record[name] = h
-            if record.get(name) == h and path.is_file() and not path.is_symlink():
-                kept.append(path)
-                continue
-            from harness import plots
-            from harness import context, scale, steps
-            draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep, "-scale.png": scale.plot,
-                    "-steps.png": steps.plot, "-context.png": context.plot}
-            fn = next(f for suffix, f in draw.items() if name.endswith(suffix))
-            if path.is_symlink():  # never draw through a link planted beside the report
-                path.unlink()
-            fn(sec, out_dir)
-            drawn.append(path)
-    for name in set(record) - set(new_record):  # a plot the markdown no longer names is removed
-        if name_problem(name) is None and name.endswith(".png"):  # only a plot's own name, never a path
-            try:
-                contained(out_dir, name).unlink(missing_ok=True)
-            except UserError:
-                pass
-    if new_record != record:
-        tmp = record_path.with_name(f".{PLOT_HASHES}.tmp{os.getpid()}")
-        tmp.unlink(missing_ok=True)
-        tmp.write_text(json.dumps(new_record, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, record_path)  # replaces a link in its place, never writes through it
-    return drawn, kept
 
 
 def build(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> tuple[str, list[dict]]:
