@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import artifact, hardware, provenance
+from harness import artifact, documents, hardware, provenance
 from harness.engines.base import run_process
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
@@ -116,16 +116,13 @@ def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "ba
                 "memory_available_at_start": em.available_at_start, "balloon_held": held,
                 "cpus": allowed, "env": em.env}
         method_emulation = {"class": em.cls.name, "class_sha256": emulate.class_sha256(em.cls.name), **caps}
-    doc = {"schema_version": artifact.SCHEMA_VERSION, "kind": "calibration", "status": "ok",
-           "grid": {"name": "calibration", "path": f"harness probe --bandwidth --max-threads {n} --repetitions {reps}"
-                    + (f" --class {hw_class}" if hw_class else "")},
-           "harness": provenance.harness_info(), "host": host,
-           "method": {"definitions": DEFINITIONS, "repetitions": reps, "warmups": 1, "process_per_thread_count": True,
-                      "affinity": "taskset to the first N allowed CPUs",
-                      **({"emulation": method_emulation} if method_emulation else {})},
-           "results": per_threads,
-           "timing": timing}
-    a = artifact.finalize(doc)
+    a = documents.calibration(
+        command=f"harness probe --bandwidth --max-threads {n} --repetitions {reps}"
+        + (f" --class {hw_class}" if hw_class else ""), host=host, timing=timing,
+        method={"definitions": DEFINITIONS, "repetitions": reps, "warmups": 1, "process_per_thread_count": True,
+                "affinity": "taskset to the first N allowed CPUs",
+                **({"emulation": method_emulation} if method_emulation else {})},
+        results=per_threads)
     return Store(Path(store_root)).write(a)
 
 

@@ -104,8 +104,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0 if s.failed == 0 else 1
     if args.address or args.insecure:
         raise UserError("--address/--insecure", "only apply to --executor ray", "add --executor ray, or drop them")
-    from harness import runner
-    s = runner.run(args.grid, store_root=args.store, new_series=args.new_series)
+    from harness import execute
+    s = execute.run(args.grid, store_root=args.store, new_series=args.new_series)
     return 0 if s.failed == 0 else 1
 
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import artifact, lifecycle, models, provenance
+from harness import documents, lifecycle, models, provenance
+from harness.artifact import Decoding, Execution, FidelityGridRef
 from harness.engines import ENGINES as ALL_ENGINES, get_engine
 from harness.errors import UserError
 from harness.paths import read_utf8, sha256_file
@@ -332,10 +333,12 @@ def gate(summary: dict, thresholds: dict[str, float], rows: list[dict]) -> list[
 
 # ---- references ---------------------------------------------------------------------------------------
 
-def _execution(res: dict, g: FidelityGrid, engine: str, requested: dict, effective: dict) -> dict:
-    return {"threads": g.threads, "cpu_affinity": res["cpus"], "numa_policy": "default (no numa option)",
-            "env": {**provenance.relevant_env(), **res["env"]}, "requested": requested, "effective": effective,
-            **get_engine(engine).fidelity_execution(), artifact.COMMAND: [str(c) for c in res["argv"]]}
+def _execution(res: dict, g: FidelityGrid, engine: str, requested: dict, effective: dict) -> Execution:
+    extra = get_engine(engine).fidelity_execution()
+    return documents.execution(threads=g.threads, cpus=res["cpus"], numa_policy="default (no numa option)",
+                               env={**provenance.relevant_env(), **res["env"]}, requested=requested,
+                               effective=effective, compile_cache=extra["compile_cache"], eager=extra["eager"],
+                               command=res["argv"])
 
 
 @dataclass
@@ -385,17 +388,16 @@ def _new_reference(g: FidelityGrid, engine: str, form: str, mblock: dict, mpath:
             for p, r in zip(prompts.prompts, res["result"]["prompts"])]
     eng = get_engine(engine).fidelity_result_block(eng, res["result"])
     host, timing = span.finish()
-    return artifact.finalize({
-        "schema_version": artifact.SCHEMA_VERSION, "kind": "reference", "status": "ok",
-        "grid": {"path": g.path, "sha256": g.sha256, "name": g.name, "build": f"reference-{engine}"}, "model": mblock,
-        "engine": eng, "harness": harness, "host": host,
-        "execution": _execution(res, g, engine, {"form": form, "dtype": dtype, "threads": g.threads},
-                                res["result"].get("effective", {"threads": g.threads})),
-        "prompt_set": prompts.ref, "decoding": _decoding(g), "outputs": outs, "timing": timing})
+    return documents.reference(
+        grid=FidelityGridRef(path=g.path, sha256=g.sha256, name=g.name, build=f"reference-{engine}"), model=mblock,
+        engine=eng, harness=harness, host=host, timing=timing,
+        execution=_execution(res, g, engine, {"form": form, "dtype": dtype, "threads": g.threads},
+                             res["result"].get("effective", {"threads": g.threads})),
+        prompt_set=prompts.ref, decoding=_decoding(g), outputs=outs)
 
 
-def _decoding(g: FidelityGrid) -> dict:
-    return {"gen_len": g.gen_len, "temperature": 0.0, "top_k": g.top_k, "seed": g.seed}
+def _decoding(g: FidelityGrid) -> Decoding:
+    return Decoding(gen_len=g.gen_len, temperature=0.0, top_k=g.top_k, seed=g.seed)
 
 
 def run(grid_path: str, store_root: str = "artifacts", references_root: str = "baselines/quality",
@@ -446,14 +448,12 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
                      "model_sha256": sorted(f.sha256 for f in ref.model.files),
                      "engine_build": {"build_commit": ref.engine.build_commit, "build": ref.engine.build},
                      "prompt_set_sha256": ref.prompt_set.sha256}
-        doc: dict[str, Any] = {
-            "schema_version": artifact.SCHEMA_VERSION, "kind": "fidelity",
-            "grid": {"path": g.path, "sha256": g.sha256, "name": g.name, "build": b.name},
-            "model": mblock, "harness": harness, "prompt_set": prompts.ref, "decoding": _decoding(g),
-            "reference": ref_block, "cross_engine": cross, "thresholds": {} if cross else b.thresholds}
+        common = dict(grid=FidelityGridRef(path=g.path, sha256=g.sha256, name=g.name, build=b.name), model=mblock,
+                      harness=harness, prompt_set=prompts.ref, decoding=_decoding(g), reference=ref_block,
+                      cross_engine=cross, thresholds={} if cross else b.thresholds)
         if res["status"] != "ok":
-            doc |= {"status": res["status"], "error": res["error"], "stderr_tail": res.get("stderr"), "engine": eng,
-                    "prompts": [], "summary": {}, "verdict": "error", "failures": [res["error"]]}
+            outcome = dict(status=res["status"], error=res["error"], stderr_tail=res.get("stderr"), engine=eng,
+                           prompts=[], summary={}, verdict="error", failures=[res["error"]])
             effective: dict = {}
         else:
             result = res["result"]
@@ -462,13 +462,13 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
             summary = summarize(rows, g.gen_len)
             fails = [] if cross else gate(summary, b.thresholds, rows)
             verdict = "not gated" if cross else ("fail" if fails else "pass")
-            doc |= {"status": "ok", "engine": eng, "prompts": rows, "summary": summary, "verdict": verdict,
-                    "failures": fails}
+            outcome = dict(status="ok", error=None, stderr_tail=None, engine=eng, prompts=rows, summary=summary,
+                           verdict=verdict, failures=fails)
             effective = result.get("effective", {"threads": g.threads})
-        doc["host"], doc["timing"] = span.finish()
-        doc["execution"] = _execution(res, g, b.engine, {"form": mblock["form"], "dtype": dtype, "threads": g.threads,
-                                               "gen_len": g.gen_len, "top_k": g.top_k}, effective)
-        a = artifact.finalize(doc)
+        host, timing = span.finish()
+        a = documents.fidelity(**common, **outcome, host=host, timing=timing, execution=_execution(
+            res, g, b.engine, {"form": mblock["form"], "dtype": dtype, "threads": g.threads, "gen_len": g.gen_len,
+                               "top_k": g.top_k}, effective))
         path = store.write(a)
         run_.written.append(path)
         s = a.summary

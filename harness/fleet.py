@@ -27,16 +27,14 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import artifact, grid, lifecycle, provenance
+from harness import grid, lifecycle, provenance
 from harness.errors import UserError
+from harness.execute import Lost, Machine, Refused
 from harness.schedule import RunSpec, schedule
-from harness.store import Store
 
 NAMESPACE = "edge-harness"
 PROBE_TIMEOUT_S = 45.0
@@ -115,39 +113,17 @@ class Agent:
                 "env": provenance.relevant_env()}
 
     def run(self, run_key: str, executor: dict[str, Any]) -> dict[str, Any]:
-        """One run, under this machine's measurement lock: {"doc": artifact document} or {"error": one line}."""
-        from harness import runner
+        """One run, under this machine's measurement lock: {"doc": the artifact's JSON} or {"error": one line}."""
+        from harness.execute import measure
         assert self.spec is not None, "prepare first"
-        ray = _ray()
         try:
-            with lifecycle.measuring():
-                doc = runner.run_one(self.spec, self.runs[run_key], self.workroot, Path("artifacts"))
+            a = measure(self.spec, self.runs[run_key], self.workroot, Path("artifacts"), executor=executor)
         except UserError as e:
             return {"error": str(e)}
-        doc["execution"]["executor"] = {**executor, "node_id": ray.get_runtime_context().get_node_id(),
-                                        "node_ip": ray.util.get_node_ip_address(), "ray_version": ray.__version__}
-        return {"doc": doc}
+        return {"doc": a.model_dump(mode="json")}
 
 
 # -- the driver ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Machine:
-    key: str
-    cls: str
-    info: dict[str, Any]
-    nodes: list[str]  # this machine's live Ray nodes
-    agent: Any = None
-    node: str | None = None  # the node its agent runs on
-    lost: bool = False
-    refused: str | None = None
-    done: dict[str, list] = field(default_factory=dict)  # run key -> this machine's stored artifacts
-    durations: list[float] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return f"{self.info.get('hostname', '?')}/{self.key}"
 
 
 def accepts_without_token(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -187,260 +163,122 @@ def connect(address: str, insecure: bool) -> None:
                         "has the cluster's token (RAY_AUTH_MODE=token, ~/.ray/auth_token; docs/fleet.md)") from None
 
 
-def discover(classes: list[str]) -> dict[str, Machine]:
-    """The machines behind the cluster's live nodes, by host key (a probe task placed on every node)."""
+def discover(classes: list[str]) -> dict[str, tuple[dict[str, Any], list[str]]]:
+    """The machines behind the cluster's live nodes, by host key: (what the machine says of itself, its nodes)
+    (a probe task placed on every node)."""
     ray = _ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     probe = ray.remote(num_cpus=0, max_retries=0)(identify)
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     refs = {n: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(classes)
             for n in nodes}
-    machines: dict[str, Machine] = {}
+    machines: dict[str, tuple[dict[str, Any], list[str]]] = {}
     for n, ref in refs.items():
         try:
             info = ray.get(ref, timeout=120)
         except Exception:  # a node that cannot answer takes no runs
             continue
-        m = machines.setdefault(info["key"], Machine(key=info["key"], cls=info["class"], info=info, nodes=[]))
-        m.nodes.append(n)
+        machines.setdefault(info["key"], (info, []))[1].append(n)
     return machines
 
 
-def _start_agent(m: Machine, exclude: set[str] = frozenset()) -> bool:
-    """An agent on one of the machine's live nodes (not those in exclude); False if none is left."""
-    ray = _ray()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
-    m.nodes = [n for n in m.nodes if n in alive and n not in exclude]
-    if not m.nodes:
-        return False
-    # not the head where the machine has another node: the head also runs the cluster's control plane
-    m.node = min(m.nodes, key=lambda n: "node:__internal_head__" in alive[n].get("Resources", {}))
-    cls = ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=1)(Agent)
-    m.agent = cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(m.node, soft=False)).remote()
-    return True
+class Ray:
+    """The machines of a Ray cluster, one agent per machine (an actor that runs one run at a time)."""
+    name = "ray"
 
+    def __init__(self, address: str | None, insecure: bool = False, out=None) -> None:
+        self.address, self.insecure, self.out = address or os.environ.get("RAY_ADDRESS") or "auto", insecure, out
+        self.ray = _ray()
+        self.nodes: dict[str, list[str]] = {}  # machine key -> its live Ray nodes
+        self.agents: dict[str, tuple[Any, str]] = {}  # machine key -> (its agent, the node it runs on)
+        self.spec: grid.GridSpec | None = None
 
-class Dispatch:
-    """Which passes each machine runs: its own (passes it already holds runs of, or every pass with
-    `hosts: all`), then, with `hosts: spread`, the next unclaimed pass of its class."""
+    def clock(self) -> float:
+        return time.time()
 
-    def __init__(self, spec: grid.GridSpec, by_pass: dict[int, list[RunSpec]], machines: dict[str, Machine]):
-        self.lock = threading.Lock()
-        self.mode = spec.hosts
-        self.own: dict[str, list[int]] = {k: [] for k in machines}
-        self.shared: dict[str, list[int]] = {}
-        self.waiting: dict[int, str] = {}  # pass -> the absent machine that holds its first runs
-        for p, runs in sorted(by_pass.items()):
-            keys = {r.run_key for r in runs}
-            if self.mode == "all":
-                for m in machines.values():
-                    if not keys <= _ok_keys(m):
-                        self.own[m.key].append(p)
-                continue
-            for cls in sorted({m.cls for m in machines.values()}):
-                group = [m for m in machines.values() if m.cls == cls]
-                holder = next((m for m in group if keys & _ok_keys(m)), None)
-                if holder is not None:
-                    if not keys <= _ok_keys(holder):
-                        self.own[holder.key].append(p)
-                else:
-                    self.shared.setdefault(cls, []).append(p)
+    def machines(self, spec: grid.GridSpec) -> list[Machine]:
+        from harness.execute import emulated_classes
+        connect(self.address, self.insecure)
+        found = discover(sorted(emulated_classes(spec)))
+        if not found:
+            raise UserError(f"--address {self.address}", "no live node answered", "start nodes (docs/fleet.md)")
+        out = []
+        for key, (info, nodes) in found.items():
+            self.nodes[key] = nodes
+            out.append(Machine(key=key, cls=info["class"], label=f"{info.get('hostname', '?')}/{key}",
+                               keys={key, *info["emulated_keys"].values()}, info=info))
+        print("[fleet] " + ", ".join(f"{m.label} ({m.cls}, {len(self.nodes[m.key])} node(s))" for m in out),
+              file=self.out or sys.stderr, flush=True)
+        return out
 
-    def next_pass(self, m: Machine) -> int | None:
-        with self.lock:
-            if self.own[m.key]:
-                return self.own[m.key].pop(0)
-            q = self.shared.get(m.cls, [])
-            return q.pop(0) if q else None
+    def prepare(self, m: Machine, spec: grid.GridSpec, exclude: frozenset[str] = frozenset()) -> None:
+        self.spec = spec
+        if not self._start_agent(m, exclude):
+            raise Refused("no live node")
+        prep = self.ray.get(self.agents[m.key][0].prepare.remote(spec.path, spec.sha256))
+        if not prep["ok"]:
+            raise Refused(prep["error"])
+        m.info.update(model_blocks=prep["model_blocks"], engines=prep["engines"], env=prep["env"])
 
-    def give_back(self, m: Machine) -> list[int]:
-        """A lost machine's unstarted passes: to its class's queue (spread), else they wait."""
-        with self.lock:
-            passes, self.own[m.key] = self.own[m.key], []
-            if self.mode == "spread":
-                self.shared.setdefault(m.cls, [])[:0] = passes
-            else:
-                for p in passes:
-                    self.waiting[p] = m.label
-            return passes
+    def _start_agent(self, m: Machine, exclude: frozenset[str]) -> bool:
+        """An agent on one of the machine's live nodes (not those in exclude); False if none is left."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        alive = {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive")}
+        self.nodes[m.key] = nodes = [n for n in self.nodes[m.key] if n in alive and n not in exclude]
+        if not nodes:
+            return False
+        # not the head where the machine has another node: the head also runs the cluster's control plane
+        node = min(nodes, key=lambda n: "node:__internal_head__" in alive[n].get("Resources", {}))
+        cls = self.ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=1)(Agent)
+        agent = cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+        self.agents[m.key] = (agent, node)
+        m.info["executor"] = {"name": "ray", "node_id": node, "node_ip": alive[node].get("NodeManagerAddress"),
+                              "ray_version": self.ray.__version__}
+        return True
 
-    def remaining(self, m: Machine, by_pass: dict[int, list[RunSpec]]) -> int:
-        with self.lock:
-            mine, done = self.own[m.key] + self.shared.get(m.cls, []), _ok_keys(m)
-            return sum(1 for p in mine for r in by_pass[p] if r.run_key not in done)
+    def run(self, m: Machine, spec: grid.GridSpec, run: RunSpec, store_root: Path) -> Any:
+        from harness import artifact
+        agent, node = self.agents[m.key]
+        try:
+            res = self.ray.get(agent.run.remote(run.run_key, m.info["executor"]))
+        except self.ray.exceptions.RayActorError as e:
+            raise Lost(str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__) from None
+        if "error" in res:
+            raise Refused(res["error"])
+        a = artifact.parse(res["doc"], f"artifact of run {run.run_key} from {m.label}")
+        if not artifact.id_matches(res["doc"], finite=False):
+            raise Refused(f"its artifact of run {run.run_key} does not hash to its id")
+        return a
 
+    def recover(self, m: Machine) -> bool:
+        _, node = self.agents.pop(m.key)
+        try:
+            self.prepare(m, self.spec, exclude=frozenset({node}))
+        except Refused:
+            return False
+        return True
 
-def _ok_keys(m: Machine) -> set[str]:
-    return {k for k, arts in m.done.items() if any(a.status == "ok" for a in arts)}
+    def interrupt(self) -> None:
+        print("[fleet] interrupted: stopping every agent (their engines die with them)", file=self.out or sys.stderr,
+              flush=True)
+        self.close(shutdown=False)
 
-
-def lost_document(spec: grid.GridSpec, run: RunSpec, m: Machine, start: str, t0: float, why: str) -> dict:
-    """The artifact of a run whose node was lost while it ran: failed, on that machine's host, kept."""
-    from harness import runner
-    from harness.engines.base import failed
-    arm = spec.arm(run.arm)
-    model = grid.model_of(spec, run.cell.params)
-    from harness.engines import get_engine
-    form = run.cell.params.get("form") or arm.form or get_engine(arm.engine).default_form
-    model_block = runner._model_block(model, form)[0] if model == runner.NO_MODEL or form == "none" else \
-        m.info.get("model_blocks", {}).get(f"{model}|{form}") or {
-        "name": model, "form": form, "source": {"unknown": "the node was lost before it reported the model"},
-        "format": "unknown", "dtype": "unknown", "parameters": 1, "files": []}
-    host = {**m.info["host"], "loadavg_before": m.info["host"].get("loadavg"), "loadavg_after": "unknown (node lost)",
-            "other_load_during_run": {"status": "unknown", "reason": "node lost"}}
-    host.pop("loadavg", None)
-    timing = {"start": start, "end": provenance.now_utc(), "duration_s": round(time.time() - t0, 6)}
-    threads = runner._threads(spec, arm, run.cell.params)
-    # what the agent would have run, as prepared on that machine; what it ran, it could not report
-    env = m.info.get("env") or {"(none)": "no relevant variable was set on that machine"}
-    res = failed("failed", f"node lost: {why}", ["unknown (the node was lost before the run reported its command)"],
-                 env, engine=m.info.get("engines", {}).get(arm.engine),
-                 requested={"options": dict(arm.options), "threads": threads})
-    return runner.document(spec, run, res, host, timing, model_block=model_block, threads=threads,
-                           cpus=list(arm.cpus or runner.default_cpus(threads)), env=env,
-                           executor={"name": "ray", "node_id": m.node, "node_ip": m.info.get("node_ip"),
-                                     "ray_version": _ray().__version__})
+    def close(self, shutdown: bool = True) -> None:
+        for agent, _ in self.agents.values():
+            try:
+                self.ray.kill(agent, no_restart=True)
+            except Exception:  # an agent whose node is gone
+                pass
+        self.agents.clear()
+        if shutdown:
+            self.ray.shutdown()
 
 
 def run(grid_path: str, store_root: str | Path = "artifacts", address: str | None = None, insecure: bool = False,
-        new_series: bool = False, out=sys.stderr) -> Any:
-    from harness import runner
-    spec = grid.load(grid_path)  # every node reads its own copy (relative paths: from its checkout's root)
-    store = Store(Path(store_root))
-    lock = runner._lock(store, spec)
-    runs = schedule(spec)
-    by_pass: dict[int, list[RunSpec]] = {}
-    for r in runs:
-        by_pass.setdefault(r.pass_index, []).append(r)
-    ray = _ray()
-    connect(address or os.environ.get("RAY_ADDRESS") or "auto", insecure)
-    classes = sorted(runner.emulated_classes(spec))
-    try:
-        machines = discover(classes)
-        if not machines:
-            raise UserError(f"--address {address}", "no live node answered", "start nodes (docs/fleet.md)")
-        for m in machines.values():
-            m.done, _ = runner.existing(store, spec, new_series, keys={m.key, *m.info["emulated_keys"].values()})
-        print(f"[fleet] grid {spec.name}: {len(runs)} runs per host, hosts: {spec.hosts}; "
-              f"{len(machines)} machine(s): " + ", ".join(f"{m.label} ({m.cls}, {len(m.nodes)} node(s))"
-                                                         for m in machines.values()), file=out, flush=True)
-        for m in machines.values():
-            if not _start_agent(m):
-                m.refused = "no live node"
-                continue
-            prep = ray.get(m.agent.prepare.remote(spec.path, spec.sha256))
-            if not prep["ok"]:
-                m.refused = prep["error"]
-                print(f"[fleet] {m.label}: takes no runs: {prep['error']}", file=out, flush=True)
-            else:
-                m.info.update(model_blocks=prep["model_blocks"], engines=prep["engines"], env=prep["env"])
-        live = {k: m for k, m in machines.items() if not m.refused}
-        if not live:
-            raise UserError(spec.path, "no machine of the cluster could prepare the grid", "see the lines above")
-        dispatch = Dispatch(spec, by_pass, live)
-        written: list[Path] = []
-        counts = {"ok": 0, "failed": 0}
-        guard = threading.Lock()
-        stopping = threading.Event()  # Ctrl-C: the agents are killed on purpose, no run of theirs was "lost"
-
-        def work(m: Machine) -> None:
-            try:
-                _work(m)
-            except Exception as e:  # this machine's thread fails alone, and says why
-                m.lost = True
-                print(f"[fleet] {m.label}: stopped by {type(e).__name__}: {e}", file=out, flush=True)
-
-        def _work(m: Machine) -> None:
-            while not m.lost:
-                p = dispatch.next_pass(m)
-                if p is None:
-                    return
-                for r in by_pass[p]:
-                    if r.run_key in _ok_keys(m):
-                        continue
-                    if not _one(m, r, p):
-                        return
-
-        def _one(m: Machine, r: RunSpec, p: int) -> bool:
-            left = dispatch.remaining(m, by_pass) + len([x for x in by_pass[p] if x.run_key not in _ok_keys(m)])
-            eta = ""
-            if m.durations:
-                rem = sum(m.durations) / len(m.durations) * left
-                eta = f", ETA {int(rem // 60)}m{int(rem % 60):02d}s"
-            print(f"[fleet] {m.label}: pass {p} pos {r.position} arm {r.arm} cell {r.cell.id} "
-                  f"({left} left here{eta})", file=out, flush=True)
-            start, t0 = provenance.now_utc(), time.time()
-            try:
-                res = ray.get(m.agent.run.remote(r.run_key, {"name": "ray"}))
-            except ray.exceptions.RayActorError as e:
-                if stopping.is_set():
-                    return False
-                why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-                a = artifact.finalize(lost_document(spec, r, m, start, t0, why))
-                with guard:
-                    written.append(store.write(a))
-                    counts["failed"] += 1
-                print(f"[fleet] {m.label}: node lost during pass {p} arm {r.arm}: stored as failed", file=out, flush=True)
-                if _start_agent(m, exclude={m.node} if m.node else set()):
-                    prep = ray.get(m.agent.prepare.remote(spec.path, spec.sha256))
-                    if prep["ok"]:
-                        print(f"[fleet] {m.label}: goes on from node {m.node[:12]}", file=out, flush=True)
-                        return True
-                m.lost = True
-                passes = dispatch.give_back(m)
-                where = "to the other machines of its class" if spec.hosts == "spread" else "waiting for a rerun"
-                print(f"[fleet] {m.label}: machine lost; pass {p} waits for it, passes {passes} {where}",
-                      file=out, flush=True)
-                return False
-            if "error" in res:
-                m.refused = res["error"]
-                print(f"[fleet] {m.label}: stops: {res['error']}", file=out, flush=True)
-                m.lost = True
-                dispatch.give_back(m)
-                return False
-            a = artifact.finalize(res["doc"])
-            with guard:
-                written.append(store.write(a))
-                counts["ok" if a.status == "ok" else "failed"] += 1
-            m.done.setdefault(r.run_key, []).append(a)
-            m.durations.append(time.time() - t0)
-            print(f"[fleet] {m.label}: {a.status} in {m.durations[-1]:.1f} s", file=out, flush=True)
-            return True
-
-        threads = [threading.Thread(target=work, args=(m,), name=f"fleet-{m.key}", daemon=True) for m in live.values()]
-        for t in threads:
-            t.start()
-        try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.5)
-        except KeyboardInterrupt:
-            print("[fleet] interrupted: stopping every agent (their engines die with them)", file=out, flush=True)
-            stopping.set()
-            for m in live.values():
-                if m.agent is not None:
-                    ray.kill(m.agent, no_restart=True)
-            raise
-        waiting = {p: w for p, w in dispatch.waiting.items()}
-        for m in live.values():
-            if m.lost:
-                for p in by_pass:
-                    keys = {r.run_key for r in by_pass[p]}
-                    if keys & _ok_keys(m) and not keys <= _ok_keys(m):
-                        waiting[p] = m.label
-        left = sorted(waiting.items())
-        print(f"[fleet] done: {counts['ok']} ok, {counts['failed']} failed"
-              + (f"; passes waiting for their machine (rerun to fill): {left}" if left else "")
-              + f"; store {store.grid_dir(spec.name)}", file=out, flush=True)
-        for m in live.values():
-            if m.agent is not None and not m.lost:
-                ray.kill(m.agent, no_restart=True)
-        return runner.RunSummary(done=counts["ok"], failed=counts["failed"], skipped=0, store=store.grid_dir(spec.name),
-                                 paths=written)
-    finally:
-        lock.close()
-        ray.shutdown()
+        new_series: bool = False, out=None) -> Any:
+    """The grid across the machines of a Ray cluster: the one execution loop (harness.execute) with Ray."""
+    from harness.execute import execute
+    return execute(grid_path, Ray(address, insecure, out), store_root, new_series, out)
 
 
 def status(address: str | None, insecure: bool = False) -> list[str]:
@@ -449,9 +287,9 @@ def status(address: str | None, insecure: bool = False) -> list[str]:
     connect(address or os.environ.get("RAY_ADDRESS") or "auto", insecure)
     try:
         machines = discover([])
-        return [f"{m.key}  {m.cls:<24} {m.info.get('hostname', '?'):<20} {len(m.nodes)} node(s)  harness "
-                f"{str(m.info['harness'].get('commit'))[:12]}{' (dirty)' if m.info['harness'].get('dirty') else ''}"
-                for m in machines.values()] or ["no live node answered"]
+        return [f"{key}  {info['class']:<24} {info.get('hostname', '?'):<20} {len(nodes)} node(s)  harness "
+                f"{str(info['harness'].get('commit'))[:12]}{' (dirty)' if info['harness'].get('dirty') else ''}"
+                for key, (info, nodes) in machines.items()] or ["no live node answered"]
     finally:
         ray.shutdown()
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import artifact, check, runner
+from harness import artifact, check, execute
 from harness.errors import UserError
 from harness.store import Store, load_path
 
@@ -22,7 +22,7 @@ def store(tmp_path_factory):
     d = tmp_path_factory.mktemp("art")
     g = d / "cmd.yaml"
     g.write_text(COMMAND_GRID)
-    runner.run(str(g), store_root=d / "store")
+    execute.run(str(g), store_root=d / "store")
     return d / "store"
 
 

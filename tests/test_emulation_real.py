@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from harness import check, hardware, runner
+from harness import check, execute, hardware
 from harness.probe import probe
 from harness.store import Store
 
@@ -41,7 +41,7 @@ timeout_s: 600
 def _run(tmp_path, cls):
     g = tmp_path / "emu.yaml"
     g.write_text(_grid(cls))
-    s = runner.run(str(g), store_root=tmp_path / "store")
+    s = execute.run(str(g), store_root=tmp_path / "store")
     arts = {json.loads(p.read_text())["grid"]["arm"]: json.loads(p.read_text())
             for p in Store(tmp_path / "store").iter_paths("emu")}
     assert s.failed == 0, {k: a.get("error") for k, a in arts.items()}

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from harness import check, runner
+from harness import check, execute
 from harness.check import check_doc
 from harness.store import Store
 
@@ -78,7 +78,7 @@ def test_a_missing_package_is_one_line_naming_the_extra(monkeypatch):
 def test_openvino_beside_llamacpp_on_the_same_gguf(tmp_path):
     g = tmp_path / "ovreal.yaml"
     g.write_text(GRID.format(name="ovreal", form="gguf-q8_0"))
-    s = runner.run(str(g), store_root=tmp_path / "store")
+    s = execute.run(str(g), store_root=tmp_path / "store")
     docs = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("ovreal")]
     arts = {a["grid"]["arm"]: a for a in docs}
     assert s.failed == 0, [a.get("error") for a in docs]

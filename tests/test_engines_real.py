@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from harness import models, runner
+from harness import execute, models
 from harness.engines.llamacpp import build as llamacpp_build
 from harness.check import check_doc
 from harness.store import Store
@@ -48,7 +48,7 @@ def tiny_store(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     g = d / "tiny.yaml"
     g.write_text(TINY_GRID)
-    s = runner.run(str(g), store_root=d / "store")
+    s = execute.run(str(g), store_root=d / "store")
     return s, d / "store"
 
 

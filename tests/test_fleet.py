@@ -26,6 +26,7 @@ import pytest
 from harness import fleet, grid, lifecycle, provenance
 from harness.check import check
 from harness.errors import UserError
+from harness.execute import Dispatch, Machine
 from harness.schedule import schedule
 from harness.store import Store
 
@@ -103,32 +104,38 @@ def test_each_pass_on_one_machine_one_run_at_a_time(cluster, tmp_path):
     assert (again.done, again.failed) == (0, 0)
 
 
-def test_node_lost_mid_run_is_stored_failed_and_a_rerun_fills_only_it(cluster, tmp_path):
-    g = _grid(tmp_path, "lost", 2.5, 2)
+LOST_GRID = """
+name: fleet-lost
+arms:
+  - {name: a, engine: command, options: {cmd: "true"}}
+  - name: b
+    engine: command
+    options:
+      # the second run of the grid kills its own agent once (the marker is made atomically), then waits to die
+      # with it: the run in flight when its machine's agent is lost, with no test waiting on a clock
+      cmd: "if [ $HARNESS_PASS = 0 ] && mkdir MARKER 2>/dev/null; then pkill -9 -f '^ray::Agent'; exec sleep 31; fi"
+workload: {prompt_len: 1, context_len: 1, gen_len: 1}
+threads: 1
+passes: 2
+repetitions: 1
+warmups: 0
+"""
+
+
+def test_agent_lost_mid_run_is_stored_failed_and_a_rerun_fills_only_it(cluster, tmp_path):
+    g = tmp_path / "lost.yaml"
+    g.write_text(LOST_GRID.replace("MARKER", str(tmp_path / "killed")))
     store = tmp_path / "store"
-    box: dict = {}
-    t = threading.Thread(target=lambda: box.setdefault("s", fleet.run(str(g), store_root=store,
-                                                                          address=cluster.address)))
-    t.start()
-    deadline = time.time() + 120
-    while not _docs(store, "fleet-lost") and time.time() < deadline:
-        time.sleep(0.2)
-    first = _docs(store, "fleet-lost")[0]
-    node_id = first["execution"]["executor"]["node_id"]
-    victim = next(n for n in cluster.worker_nodes if n.node_id == node_id)  # agents prefer non-head nodes
-    time.sleep(0.5)  # the second run is in flight
-    cluster.remove_node(victim, allow_graceful=False)
-    t.join(180)
-    assert not t.is_alive()
+    s = fleet.run(str(g), store_root=store, address=cluster.address)
+    assert (s.done, s.failed) == (3, 1)
     docs = _docs(store, "fleet-lost")
-    assert len(docs) == 4
     lost = [d for d in docs if d["status"] != "ok"]
-    assert len(lost) == 1 and lost[0]["error"].startswith("node lost")
+    assert len(lost) == 1 and lost[0]["error"].startswith("node lost") and lost[0]["grid"]["arm"] == "b"
     assert lost[0]["host"]["key"] == provenance.current_host_key()
-    # the machine went on from its other node
-    assert len({d["execution"]["executor"]["node_id"] for d in docs if d["status"] == "ok"}) == 2
-    out = subprocess.run(["pgrep", "-f", "sleep 2.5"], capture_output=True, text=True).stdout.split()
-    assert out == [], "an engine process outlived its node"
+    # the machine went on from another of its nodes
+    assert len({d["execution"]["executor"]["node_id"] for d in docs}) == 2
+    out = subprocess.run(["pgrep", "-f", "exec sleep 31|^sleep 31"], capture_output=True, text=True).stdout.split()
+    assert out == [], "an engine process outlived its agent"
     n, problems = _problems(store, verify_models=False)
     assert n == 4 and problems == []
     again = fleet.run(str(g), store_root=store, address=cluster.address)
@@ -170,9 +177,9 @@ def test_the_driver_refuses_a_cluster_without_authentication(tmp_path):
     assert not list(tmp_path.rglob("store/**/*.json"))  # nothing ran, nothing stored
 
 
-def _machine(key: str, cls: str, done: set[str] = frozenset()) -> fleet.Machine:
+def _machine(key: str, cls: str, done: set[str] = frozenset()) -> Machine:
     from types import SimpleNamespace
-    m = fleet.Machine(key=key, cls=cls, info={"hostname": key}, nodes=["n"])
+    m = Machine(key=key, cls=cls, label=key)
     m.done = {k: [SimpleNamespace(status="ok")] for k in done}
     return m
 
@@ -185,13 +192,13 @@ def test_dispatch_spread_and_all(tmp_path):
         by_pass.setdefault(r.pass_index, []).append(r)
     started = {by_pass[2][0].run_key}  # machine a1 holds the first run of pass 2
     ms = {"a1": _machine("a1", "A", started), "a2": _machine("a2", "A"), "b1": _machine("b1", "B")}
-    d = fleet.Dispatch(spec, by_pass, ms)
+    d = Dispatch(spec, by_pass, ms)
     assert d.next_pass(ms["a1"]) == 2  # its own started pass first
     assert d.next_pass(ms["a2"]) == 0 and d.next_pass(ms["a1"]) == 1  # then the class's queue, shared
     assert d.give_back(ms["a2"]) == []
     assert d.next_pass(ms["a1"]) == 3 and d.next_pass(ms["a1"]) is None
     assert [d.next_pass(ms["b1"]) for _ in range(5)] == [0, 1, 2, 3, None]  # each class runs every pass
-    everywhere = fleet.Dispatch(grid.from_dict({**_yaml(g), "hosts": "all"}, str(g), "x"), by_pass, ms)
+    everywhere = Dispatch(grid.from_dict({**_yaml(g), "hosts": "all"}, str(g), "x"), by_pass, ms)
     assert [everywhere.next_pass(ms["a2"]) for _ in range(5)] == [0, 1, 2, 3, None]
     assert everywhere.give_back(ms["a1"]) == [0, 1, 2, 3] and set(everywhere.waiting) == {0, 1, 2, 3}
 
@@ -221,56 +228,41 @@ def test_quickstart_through_ray_gives_the_artifacts_of_a_local_run(cluster, tmp_
     assert n == len(docs) and problems == []
 
 
-@pytest.mark.engines
 def test_kill_9_of_the_runner_leaves_no_engine_and_its_run_folder_is_swept(tmp_path):
+    """Every engine runs through lifecycle.run_process (vLLM's and OpenVINO's workers, llama.cpp's tools, the
+    command engine's shell): the command engine's process stands for them. It says its pid through a FIFO when it
+    starts, and its exit is waited for on a pidfd: no test clock."""
+    import select
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
     g = tmp_path / "kill.yaml"
-    g.write_text(textwrap.dedent("""
+    g.write_text(textwrap.dedent(f"""
         name: kill
-        model: tiny-llama
-        arms: [{name: vllm, engine: vllm, form: hf-fp32}]
-        workload: {prompt_len: 8, context_len: 64, gen_len: 4}
+        arms: [{{name: engine, engine: command, options: {{cmd: "echo $$ > {fifo}; exec sleep 61"}}}}]
+        workload: {{prompt_len: 1, context_len: 1, gen_len: 1}}
         threads: 1
         passes: 1
         repetitions: 1
         warmups: 0
         timeout_s: 300
         """))
+    reader = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a writer always open: select waits for data, not EOF
     proc = subprocess.Popen([str(Path(sys.executable).parent / "harness"), "run", str(g), "--store", str(tmp_path / "s")],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    worker = None
-    deadline = time.time() + 120
-    while worker is None and time.time() < deadline and proc.poll() is None:
-        for pid in (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"runtime.worker" in cmd and _parent_chain(pid, proc.pid):
-                worker = pid
-                break
-        time.sleep(0.1)
-    assert worker is not None, "the vLLM worker never started"
+    runner_fd = os.pidfd_open(proc.pid)
+    ready, _, _ = select.select([reader, runner_fd], [], [], 120)
+    assert ready == [reader], "the engine never started (or the runner exited first)"
+    engine = int(os.read(reader, 64).decode().split()[0])
     runs = list(Path(tempfile.gettempdir()).glob(f"{lifecycle.PREFIX}{proc.pid}-run-*"))
     assert runs, "the runner's run folder is named by its pid"
+    engine_fd = os.pidfd_open(engine)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    deadline = time.time() + 10
-    while Path(f"/proc/{worker}").exists() and time.time() < deadline:
-        time.sleep(0.1)
-    assert not Path(f"/proc/{worker}").exists() or _zombie(worker), "the vLLM worker outlived its runner"
+    gone, _, _ = select.select([engine_fd], [], [], 10)
+    assert gone == [engine_fd] or _zombie(engine), "the engine outlived its runner"
     assert lifecycle.sweep_stale() and not any(p.exists() for p in runs)
-
-
-def _parent_chain(pid: int, ancestor: int) -> bool:
-    for _ in range(5):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
-        if pid == ancestor:
-            return True
-    return False
+    for fd in (reader, runner_fd, engine_fd):
+        os.close(fd)
 
 
 def _zombie(pid: int) -> bool:

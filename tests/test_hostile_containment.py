@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import lifecycle
+from harness import execute, lifecycle
 from harness.engines.base import OutputTooLarge, run_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -262,7 +262,6 @@ def test_a_balloon_is_contained_and_deflates():
 
 
 def test_the_command_engine_leaves_nothing_running_after_an_ok_run(write_grid, tmp_path):
-    from harness import runner
     from harness.store import Store, load_path
     d = _duration()
     g = write_grid(f"""
@@ -277,7 +276,7 @@ def test_the_command_engine_leaves_nothing_running_after_an_ok_run(write_grid, t
         timeout_s: 30
     """)
     try:
-        s = runner.run(str(g), store_root=tmp_path / "st")
+        s = execute.run(str(g), store_root=tmp_path / "st")
         (art,) = [load_path(p) for p in Store(tmp_path / "st").iter_paths("hostile")]
         assert s.done == 1 and art.status == "ok", art.error
         assert art.metrics["wall_s"].samples[0] < 10

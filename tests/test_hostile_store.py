@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import models, report, runner
+from harness import execute, models, report, runner
 from harness.artifact import compute_id
 from harness.errors import UserError
 from harness.paths import contained, name_problem
@@ -54,7 +54,7 @@ def test_lock_that_is_a_symlink_is_refused_and_its_target_untouched(write_grid, 
 def test_lock_of_a_real_run_is_not_truncated(write_grid, tmp_path):
     from conftest import COMMAND_GRID
     g = write_grid(COMMAND_GRID.replace("passes: 4", "passes: 1"))
-    runner.run(str(g), store_root=tmp_path / "st")
+    execute.run(str(g), store_root=tmp_path / "st")
     lock = tmp_path / "st" / "cmd" / ".lock"
     assert lock.is_file() and not lock.is_symlink()
 
@@ -238,7 +238,7 @@ def test_the_runner_hashes_what_it_loads(fake_model, monkeypatch):
     calls = []
     real = models.loaded_block
     monkeypatch.setattr(models, "loaded_block", lambda n, f: calls.append((n, f)) or real(n, f))
-    block, weights = runner._model_block("m", "gguf-f32")
+    block, weights = runner.model_block("m", "gguf-f32")
     assert calls == [("m", "gguf-f32")] and block["files"][0]["sha256"] == fake_model[1]["files"]["m.gguf"]["sha256"]
 
 
