@@ -5,7 +5,8 @@ key and host key: another machine's runs never count as done here), hands passes
 each run through the executor, prints progress and ETA, writes every artifact atomically (a failed run and a
 run lost with its machine too), and sums up. An executor answers five calls: `machines`, `prepare`, `run`,
 `recover`, `close` (and `clock`, the seconds the ETA and a lost run's timing read); `Local` is this machine,
-harness.fleet.Ray a cluster, tests/fake_executor.Fake a deterministic stand-in for the loop's own tests.
+harness.fleet.Ray a cluster, tests/fake_executor.Fake a deterministic stand-in for the loop's own tests. Every
+executor measures through `measure` on the machine that measures (its measurement lock around runner.run_one).
 """
 
 from __future__ import annotations
@@ -315,8 +316,9 @@ def execute(grid_path: str, executor: Executor, store_root: str | Path = "artifa
                 m.done, others = existing(store, spec, m.keys, new_series, out)
                 stored = sum(1 for r in runs if r.run_key in m.finished())
                 note = f"; {others} artifact(s) of other hosts kept apart" if others and len(machines) == 1 else ""
-                print(f"[harness] grid {spec.name} on host {m.label} ({executor.name}): {len(runs)} runs, {stored} "
-                      f"already stored by this host -> {store.grid_dir(spec.name)}{note}", file=out, flush=True)
+                print(f"[harness] grid {spec.name} on host {m.label}: {len(runs)} runs, {stored} already stored by "
+                      f"this host, {len(runs) - stored} to run -> {store.grid_dir(spec.name)}{note}", file=out,
+                      flush=True)
                 try:
                     executor.prepare(m, spec)
                 except Refused as e:
