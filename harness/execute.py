@@ -97,6 +97,13 @@ def measure(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
         return runner.run_one(spec, run, workroot, store_root, executor=executor)
 
 
+def prepare_arms(spec: grid.GridSpec) -> None:
+    """What each arm needs made before anything is measured (a user's engine build), on this machine."""
+    from harness.engines import get_engine
+    for a in spec.arms:
+        get_engine(a.engine).prepare_arm(spec, a)
+
+
 class Local:
     """This machine."""
     name = "local"
@@ -115,6 +122,7 @@ class Local:
         return [Machine(key=key, cls="this machine", label=key, keys=keys)]
 
     def prepare(self, m: Machine, spec: grid.GridSpec) -> None:
+        prepare_arms(spec)
         self.workroot = lifecycle.new_root("run")
 
     def run(self, m: Machine, spec: grid.GridSpec, run: RunSpec, store_root: Path) -> Any:

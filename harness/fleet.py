@@ -33,7 +33,7 @@ from typing import Any
 
 from harness import grid, lifecycle, provenance
 from harness.errors import UserError
-from harness.execute import Lost, Machine, Refused
+from harness.execute import Lost, Machine, Refused, prepare_arms
 from harness.schedule import RunSpec, schedule
 
 NAMESPACE = "edge-harness"
@@ -93,6 +93,7 @@ class Agent:
                 get_engine(a.engine).check(spec.model, a.form)
             for name in sorted({a.engine for a in spec.arms}):
                 get_engine(name).provision()  # what each engine runs, built on this machine (cached)
+            prepare_arms(spec)  # each arm's own build, if it names one
             for name in sorted(names):
                 models.ensure(name)
                 bad = models.verify(name, full=True)

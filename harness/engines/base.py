@@ -223,6 +223,10 @@ class Engine(ABC):
     def validate_options(self, path: str, arm: "Arm", opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         """Checks across options and workload, beyond types (an engine may add its own)."""
 
+    def prepare_arm(self, spec: Any, arm: "Arm") -> None:
+        """What an arm needs made before anything is measured (a user's build of the engine): called by every
+        executor on the machine that measures, before its first run."""
+
     @abstractmethod
     def engine_info(self) -> dict[str, Any]:
         ...

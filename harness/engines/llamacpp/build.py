@@ -1,8 +1,13 @@
-"""The pinned llama.cpp build: from the source vendored in the llama-cpp-python sdist.
+"""The pinned llama.cpp build: from the source vendored in the llama-cpp-python sdist; and a user's own.
 
 Built once with cmake + ninja into a cache outside the checkout, keyed by the sdist's
 sha256 plus the build flags; a manifest records commit, flags, compiler and binary hashes.
 Run by `harness build` (and so by `make`).
+
+A grid's llama.cpp arm may name its own build (`options.build`, docs/harness.md): `source: DIR`, a llama.cpp
+tree built here with the same flags (plus its `flags:`), cached by a hash of the tree's content, its git
+commit and dirty state recorded; or `bin: DIR`, prebuilt binaries, their sha256s and `--version` recorded and
+marked not built by the harness. Inside `user_build(...)` every path below follows that build.
 """
 
 from __future__ import annotations
@@ -12,14 +17,18 @@ import contextvars
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from harness.errors import UserError
 from harness.paths import cache_root, downloads_dir, sha256_file
@@ -72,6 +81,121 @@ ISA_VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 _VARIANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("llamacpp_isa_variant", default=None)
 
 
+@dataclass(frozen=True)
+class UserBuild:
+    """A user's llama.cpp: a source tree to build (with extra cmake flags), or a folder of prebuilt binaries."""
+    source: Path | None = None
+    bin: Path | None = None
+    flags: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"source {self.source}" + (f" flags {' '.join(self.flags)}" if self.flags else "") if self.source \
+            else f"bin {self.bin}"
+
+
+class BuildOption(BaseModel):
+    """An arm's `options.build`: exactly one of source (a llama.cpp tree) or bin (prebuilt binaries); paths
+    relative to the grid file's folder, `~` expanded; flags: extra cmake flags for a source build."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source: str | None = None
+    bin: str | None = None
+    flags: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _one(self) -> "BuildOption":
+        if (self.source is None) == (self.bin is None):
+            raise ValueError("give exactly one of source: DIR and bin: DIR")
+        if self.bin is not None and self.flags:
+            raise ValueError("flags apply to a source build only")
+        if any(not f.startswith("-D") for f in self.flags):
+            raise ValueError("each flag is a cmake -DNAME=VALUE")
+        return self
+
+
+def user_build_of(grid_path: str, opt: "BuildOption | None") -> UserBuild | None:
+    """The arm's build, its paths resolved against the grid file's folder."""
+    if opt is None:
+        return None
+    base = Path(grid_path).resolve().parent
+    def where(p: str) -> Path:
+        return (base / Path(p).expanduser()).resolve()
+    return UserBuild(source=where(opt.source) if opt.source else None, bin=where(opt.bin) if opt.bin else None,
+                     flags=tuple(opt.flags))
+
+
+_USER: contextvars.ContextVar[UserBuild | None] = contextvars.ContextVar("llamacpp_user_build", default=None)
+SKIP_IN_TREE = {".git", "build", "models", "__pycache__"}  # what a tree's hash and the build's copy leave out
+
+
+@contextlib.contextmanager
+def user_build(ub: UserBuild | None):
+    """Use a user's build inside the block (None: the pinned one)."""
+    token = _USER.set(ub)
+    try:
+        yield
+    finally:
+        _USER.reset(token)
+
+
+def _tree_files(root: Path) -> list[Path]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):  # links to folders are not followed
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_IN_TREE and not d.startswith("build"))
+        out += [Path(dirpath) / f for f in sorted(filenames)]
+    return out
+
+
+@lru_cache(maxsize=8)
+def _tree_sha256(root: str, _stamp: tuple) -> str:
+    from harness.hashcache import HashCache
+    cache = HashCache.default()
+    h = hashlib.sha256()
+    for p in _tree_files(Path(root)):
+        rel = str(p.relative_to(root))
+        digest = ("link:" + os.readlink(p)) if p.is_symlink() else cache.sha256(p)
+        h.update(f"{rel}\0{digest}\n".encode())
+    cache.save()
+    return h.hexdigest()
+
+
+def tree_sha256(root: Path) -> str:
+    """The content of a source tree: every file's path and sha256 (a link's target, not followed), without
+    .git and build folders. Memoised per process by the files' (path, size, mtime) list."""
+    files = _tree_files(root)
+    stamp = tuple((str(p), p.lstat().st_size, p.lstat().st_mtime_ns) for p in files)
+    return _tree_sha256(str(root), stamp)
+
+
+def git_state(root: Path) -> dict:
+    """The tree's git commit and dirty state, if it is a git repository."""
+    git = shutil.which("git")
+    if not git or not (root / ".git").exists():
+        return {"git": "not a git repository"}
+    head = subprocess.run([git, "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    status = subprocess.run([git, "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True)
+    if head.returncode != 0:
+        return {"git": f"unreadable: {(head.stderr.strip().splitlines() or ['?'])[-1]}"}
+    return {"git_commit": head.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
+
+
+def check_user_build(ub: UserBuild, where: str) -> None:
+    """A user build's folder is what it says: refused in one line otherwise."""
+    if ub.source is not None:
+        if not ub.source.is_dir():
+            raise UserError(where, f"build.source: {ub.source} is not a directory", "give a llama.cpp source tree")
+        if not (ub.source / "CMakeLists.txt").is_file() or not (ub.source / "ggml").is_dir():
+            raise UserError(where, f"build.source: {ub.source} is not a llama.cpp source tree (no CMakeLists.txt "
+                            "and ggml/)", "give the root of a llama.cpp checkout")
+        return
+    if not ub.bin.is_dir():
+        raise UserError(where, f"build.bin: {ub.bin} is not a directory", "give the folder of llama-bench")
+    if not os.access(ub.bin / "llama-bench", os.X_OK):
+        raise UserError(where, f"build.bin: {ub.bin} has no executable llama-bench",
+                        "give the folder that holds llama.cpp's binaries (build/bin)")
+
+
 @contextlib.contextmanager
 def variant(tier: str | None):
     """Use the build capped at an ISA tier (None: native) inside the block."""
@@ -86,9 +210,11 @@ def variant(tier: str | None):
 
 def cmake_flags() -> tuple[str, ...]:
     v = _VARIANT.get()
+    ub = _USER.get()
+    extra = ub.flags if ub is not None else ()
     if v is None:
-        return CMAKE_FLAGS
-    return tuple(f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON") + ISA_VARIANTS[v][0]
+        return CMAKE_FLAGS + extra
+    return tuple(f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON") + ISA_VARIANTS[v][0] + extra
 
 
 def tool_march() -> tuple[str, ...]:
@@ -109,6 +235,10 @@ def native_isa() -> str:
 
 
 def _key_payload() -> dict:
+    ub = _USER.get()
+    if ub is not None and ub.source is not None:  # a user's tree: its content, every flag, this CPU
+        return {"tree_sha256": tree_sha256(ub.source), "flags": list(cmake_flags()), "targets": list(TARGETS),
+                "native_isa": native_isa()}
     if _VARIANT.get() is None:  # the native build's key, unchanged by variants existing
         return {"sdist_sha256": SDIST_SHA256, "flags": list(CMAKE_FLAGS), "targets": list(TARGETS),
                 "native_isa": native_isa()}
@@ -193,8 +323,26 @@ def _first_line(cmd: list[str]) -> str:
     return (out.strip().splitlines() or ["unknown"])[0]
 
 
+def _prebuilt_manifest(ub: UserBuild) -> dict:
+    """What a folder of prebuilt binaries is: their sha256s and llama-bench's --version (not built here)."""
+    binaries = {t: {"path": str(ub.bin / t), "sha256": sha256_file(ub.bin / t), "size": (ub.bin / t).stat().st_size}
+                for t in TARGETS if (ub.bin / t).is_file()}
+    r = subprocess.run([str(ub.bin / "llama-bench"), "--version"], capture_output=True, text=True, timeout=60)
+    version = " | ".join(line.strip() for line in (r.stdout + r.stderr).splitlines() if "version" in line.lower())
+    found = re.search(r"\bcommit ([0-9a-f]{6,40})\b", version) or re.search(r"\(([0-9a-f]{6,40})\)", version)
+    commit = found.group(1) if found else "unknown (prebuilt)"
+    key = hashlib.sha256(json.dumps({t: b["sha256"] for t, b in binaries.items()}, sort_keys=True).encode())
+    return {"engine": "llama.cpp", "source": {"prebuilt": str(ub.bin), "version_output": version or "none"},
+            "build_commit": commit, "build_key": "prebuilt-" + key.hexdigest()[:16], "flags": ["unknown (prebuilt)"],
+            "compiler": "unknown (prebuilt)", "native_isa": "unknown (prebuilt)", "binaries": binaries,
+            "built_by_harness": False}
+
+
 def load_manifest(verify: bool = False) -> dict:
     """The build manifest; with verify, every binary's sha256 is checked against it."""
+    ub = _USER.get()
+    if ub is not None and ub.bin is not None:
+        return _prebuilt_manifest(ub)
     mp = manifest_path()
     if not mp.exists():
         raise UserError(str(mp), "llama.cpp is not built", "run `make llama.cpp` (or `make test`)")
@@ -226,7 +374,10 @@ def source_dir() -> Path:
 
 
 def build(rebuild: bool = False) -> dict:
-    """Build (or reuse) the pinned llama.cpp; returns the manifest."""
+    """Build (or reuse) the pinned llama.cpp, or the user's build in effect; returns the manifest."""
+    ub = _USER.get()
+    if ub is not None and ub.bin is not None:
+        return _prebuilt_manifest(ub)
     out = build_dir()
     if out.exists() and not rebuild:
         if manifest_path().exists():
@@ -237,33 +388,26 @@ def build(rebuild: bool = False) -> dict:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not cxx:
         raise UserError("c++", "no C++ compiler found", "apt-get install g++")
-    sdist = ensure_sdist()
+    sdist = ensure_sdist() if ub is None else None
     root = llamacpp_root()
     root.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f"{build_key()}.tmp-", dir=root))
+    log = stage / "build.log"
     t0 = time.time()
     try:
-        with tarfile.open(sdist) as tf:
-            members = [m for m in tf.getmembers() if "/vendor/llama.cpp/" in m.name or m.name.endswith(
-                "/.git/modules/vendor/llama.cpp/HEAD")]
-            tf.extractall(stage / "x", members=members, filter="data")
-        top = stage / "x" / f"llama_cpp_python-{SDIST_VERSION}"
-        commit_full = (top / ".git/modules/vendor/llama.cpp/HEAD").read_text().strip()
-        commit = commit_full[:7]
-        if commit != EXPECTED_COMMIT:
-            raise UserError(str(sdist), f"vendored llama.cpp commit {commit} is not the pinned {EXPECTED_COMMIT}",
-                            "check SDIST_SHA256 in harness/engines/llamacpp/build.py")
-        src = stage / "src"
-        os.replace(top / "vendor" / "llama.cpp", src)
-        shutil.rmtree(stage / "x")
+        if ub is not None:
+            commit, commit_full, src, source = _copy_user_tree(ub, stage)
+        else:
+            commit, commit_full, src = _extract_sdist(sdist, stage)
+            source = {"package": SDIST_NAME, "version": SDIST_VERSION, "sdist": SDIST_FILE, "sdist_sha256": SDIST_SHA256}
         bdir = stage / "build"
         flags = list(cmake_flags()) + [f"-DLLAMA_BUILD_COMMIT={commit}", "-DLLAMA_BUILD_NUMBER=0"]
         targets = TARGETS if _VARIANT.get() is None else VARIANT_TARGETS
         print(f"[llama.cpp] configuring {commit} in {stage}", file=sys.stderr)
-        subprocess.run([cmake, "-S", str(src), "-B", str(bdir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags],
-                       check=True, stdout=subprocess.DEVNULL)
-        print(f"[llama.cpp] building {', '.join(targets)} (a cold build takes ~6-13 min on 2 cores)", file=sys.stderr)
-        subprocess.run([cmake, "--build", str(bdir), "--target", *targets, "-j", str(os.cpu_count() or 1)], check=True)
+        _logged([cmake, "-S", str(src), "-B", str(bdir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags], log)
+        print(f"[llama.cpp] building {', '.join(targets)} (a cold build takes ~6-13 min on 2 cores; log {log})",
+              file=sys.stderr)
+        _logged([cmake, "--build", str(bdir), "--target", *targets, "-j", str(os.cpu_count() or 1)], log)
         bins = stage / "bin"
         bins.mkdir()
         final_bins = out / "bin"
@@ -282,7 +426,7 @@ def build(rebuild: bool = False) -> dict:
         shutil.rmtree(bdir)
         manifest = {
             "engine": "llama.cpp",
-            "source": {"package": SDIST_NAME, "version": SDIST_VERSION, "sdist": SDIST_FILE, "sdist_sha256": SDIST_SHA256},
+            "source": source,
             "build_commit": commit,
             "build_commit_full": commit_full,
             "build_key": build_key(),
@@ -306,9 +450,15 @@ def build(rebuild: bool = False) -> dict:
             shutil.rmtree(out)
         os.replace(stage, out)
     except subprocess.CalledProcessError as e:
+        kept = root / "failed-builds" / f"{build_key()}.log"  # the log outlives the stage it was written in
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        if log.exists():
+            os.replace(log, kept)
+        tail_lines = _log_tail(kept) if kept.exists() else ""
         shutil.rmtree(stage, ignore_errors=True)
-        raise UserError("llama.cpp build", f"`{' '.join(map(str, e.cmd[:3]))} ...` exited {e.returncode}",
-                        "read the compiler output above; install the missing tool and run `make` again") from e
+        what = f"llama.cpp build ({ub.label})" if ub else "llama.cpp build"
+        raise UserError(what, f"`{' '.join(map(str, e.cmd[:3]))} ...` exited {e.returncode}: {tail_lines[-400:]}",
+                        f"read the build log {kept}; fix the tree (or install the missing tool) and run again") from e
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -316,13 +466,75 @@ def build(rebuild: bool = False) -> dict:
     return manifest
 
 
+def _log_tail(log: Path) -> str:
+    """A failed build's last error in a line: the last line naming an error and the one after it, else the
+    log's last three lines."""
+    lines = [x.strip() for x in log.read_text(errors="replace").splitlines()[-60:] if x.strip()]
+    errs = [i for i, x in enumerate(lines) if "error" in x.lower() and not x.startswith("-- ")]
+    return " | ".join(lines[errs[0]:errs[0] + 2] if errs else lines[-3:])
+
+
+def _logged(cmd: list[str], log: Path) -> None:
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+
+
+def _extract_sdist(sdist: Path, stage: Path) -> tuple[str, str, Path]:
+    """The llama.cpp vendored in the pinned sdist, checked to be the pinned commit: (commit, full, source dir)."""
+    with tarfile.open(sdist) as tf:
+        members = [m for m in tf.getmembers() if "/vendor/llama.cpp/" in m.name or m.name.endswith(
+            "/.git/modules/vendor/llama.cpp/HEAD")]
+        tf.extractall(stage / "x", members=members, filter="data")
+    top = stage / "x" / f"llama_cpp_python-{SDIST_VERSION}"
+    commit_full = (top / ".git/modules/vendor/llama.cpp/HEAD").read_text().strip()
+    commit = commit_full[:7]
+    if commit != EXPECTED_COMMIT:
+        raise UserError(str(sdist), f"vendored llama.cpp commit {commit} is not the pinned {EXPECTED_COMMIT}",
+                        "check SDIST_SHA256 in harness/engines/llamacpp/build.py")
+    src = stage / "src"
+    os.replace(top / "vendor" / "llama.cpp", src)
+    shutil.rmtree(stage / "x")
+    return commit, commit_full, src
+
+
+def _copy_user_tree(ub: UserBuild, stage: Path) -> tuple[str, str, Path, dict]:
+    """A copy of the user's tree (what was hashed is what is built): (commit label, full, source dir, record)."""
+    check_user_build(ub, "build.source")
+    tree = tree_sha256(ub.source)
+    state = git_state(ub.source)
+    src = stage / "src"
+    shutil.copytree(ub.source, src, symlinks=True, ignore=lambda d, names: [
+        n for n in names if n in SKIP_IN_TREE or (n.startswith("build") and (Path(d) / n).is_dir())])
+    if tree_sha256(src) != tree:
+        raise UserError(str(ub.source), "build.source: the tree changed while it was copied", "run again")
+    if "git_commit" in state:
+        full = state["git_commit"] + ("-dirty" if state["git_dirty"] else "")
+        commit = state["git_commit"][:7] + ("-dirty" if state["git_dirty"] else "")
+    else:
+        full, commit = f"tree:{tree}", f"tree-{tree[:10]}"
+    return commit, full, src, {"user_source": str(ub.source), "tree_sha256": tree, **state,
+                               "extra_flags": list(ub.flags)}
+
+
 def engine_block(name: str, m: dict | None = None) -> dict:
     """The artifact's engine block for an engine running this build: version, commit, flags, compiler, keys."""
     m = m or load_manifest()
-    return {"name": name, "version": f"{m['source']['package']}=={m['source']['version']} (vendored)",
-            "build_commit": m["build_commit"],
+    src = m["source"]
+    if "package" in src:
+        version, origin = f"{src['package']}=={src['version']} (vendored)", {"sdist_sha256": src["sdist_sha256"]}
+    elif "prebuilt" in src:
+        version = f"prebuilt: {src['version_output']}"
+        origin = {"prebuilt": src["prebuilt"], "built_by_harness": False,
+                  "binaries_sha256": {t: b["sha256"] for t, b in m["binaries"].items()}}
+    else:
+        version = f"user source {src['user_source']}"
+        origin = {k: src[k] for k in ("user_source", "tree_sha256", "git_commit", "git_dirty", "git", "extra_flags")
+                  if k in src}
+    return {"name": name, "version": version, "build_commit": m["build_commit"],
             "build": {"flags": m["flags"], "compiler": m["compiler"], "build_key": m["build_key"],
-                      "native_isa": m.get("native_isa", "unknown"), "sdist_sha256": m["source"]["sdist_sha256"],
+                      "native_isa": m.get("native_isa", "unknown"), **origin,
                       **({"isa_variant": m["isa_variant"]} if m.get("isa_variant") else {})}}
 
 
@@ -344,6 +556,10 @@ def tool(name: str) -> Path:
 def _tool(name: str, _build_dir: str, digest: str, march: tuple[str, ...]) -> Path:
     src = NATIVE_DIR / f"{name}.cpp"
     manifest = load_manifest()
+    if manifest.get("built_by_harness") is False:
+        raise UserError(f"build.bin {manifest['source']['prebuilt']}", f"{name} links against a build's static "
+                        "libraries, and prebuilt binaries come without them", "use engine llama-bench with build.bin, "
+                        "or build: {source: DIR} to have the harness build the tree")
     if "static_libs" not in manifest:
         raise UserError(str(manifest_path()), "static_libs: this build kept no libraries", "run `make llama.cpp REBUILD=1`")
     out_dir = build_dir() / "tools" / digest[:16]

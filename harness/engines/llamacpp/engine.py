@@ -56,6 +56,7 @@ class LlamaCppOptions(Options):
     type_v: KV_TYPES | None = None
     poll: int | None = Field(None, ge=0, le=100)
     attribution: bool | None = None  # edge-bench times each decode step's parts (artifact `attribution`)
+    build: llamacpp_build.BuildOption | None = None  # the user's llama.cpp source tree (build.py)
 
 
 class LlamaCpp(Engine):
@@ -139,6 +140,13 @@ class LlamaCpp(Engine):
         return m
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        ub = llamacpp_build.user_build_of(path, opts.build)
+        if ub is not None:
+            llamacpp_build.check_user_build(ub, f"{path}: arms[{arm.name}].options.build")
+            if ub.bin is not None:
+                raise UserError(path, f"arms[{arm.name}].options.build.bin: the llama.cpp engine runs edge-bench, "
+                                "which links against a build's static libraries; prebuilt binaries come without them",
+                                "use engine llama-bench with build.bin, or build: {source: DIR}")
         where, ctxs = workload.get("context_len", ("workload.context_len", set()))
         bad = sorted(c for c in ctxs if c % CTX_PAD)
         if bad:
@@ -150,6 +158,13 @@ class LlamaCpp(Engine):
     def engine_info(self) -> dict[str, Any]:
         return llamacpp_build.engine_block(self.name)
 
+    def prepare_arm(self, spec: Any, arm: Any) -> None:
+        ub = llamacpp_build.user_build_of(spec.path, self.options(arm).build)
+        if ub is not None:
+            with llamacpp_build.user_build(ub):
+                llamacpp_build.build()
+                llamacpp_build.tool(TOOL)
+
     def _tool_block(self, name: str) -> dict[str, Any]:
         info = self.engine_info()
         t = llamacpp_build.tool_info(name)
@@ -157,8 +172,9 @@ class LlamaCpp(Engine):
                                   "tool_source_sha256": t["source_sha256"]}}
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
-        with llamacpp_build.variant(ctx.isa_variant):  # the build capped at an emulated class's ISA tier
-            if ctx.isa_variant is not None:
+        ub = llamacpp_build.user_build_of(ctx.spec.path, self.options(ctx.arm).build)
+        with llamacpp_build.variant(ctx.isa_variant), llamacpp_build.user_build(ub):
+            if ctx.isa_variant is not None or ub is not None:
                 llamacpp_build.build()  # cached: built once per tier (`harness build --isa TIER` ahead of time)
             return self._run(ctx, form)
 
@@ -170,7 +186,7 @@ class LlamaCpp(Engine):
         prompts = metrics.request_prompts(ctx.model, p, b, w + reps)
         request = {"n_ctx_per_seq": c, "batch": b, "gen_len": g,
                    "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)],
-                   "options": opts.model_dump(exclude_none=True, exclude={"threads"})}
+                   "options": opts.model_dump(exclude_none=True, exclude={"threads", "build"})}
         req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
         req_path.write_text(json.dumps(request))
         info = self._tool_block(TOOL)

@@ -36,6 +36,7 @@ class BenchOptions(Options):
     repack: Literal[0, 1] | None = None
     load_mode: Literal["mmap", "read", "direct"] | None = None  # not every build knows -lm
     poll: int | None = Field(None, ge=0, le=100)
+    build: llamacpp_build.BuildOption | None = None  # the user's llama.cpp: a source tree or prebuilt binaries
 EFFECTIVE_KEYS = ("n_threads", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn", "cpu_mask", "cpu_strict",
                   "poll", "repack", "load_mode", "model_type", "model_size", "model_n_params", "n_prompt", "n_gen",
                   "n_depth", "build_commit", "build_number", "backends", "cpu_info")
@@ -76,6 +77,17 @@ class LlamaBench(Engine):
         with llamacpp_build.variant(isa_variant):
             return llamacpp_build.build(rebuild=rebuild)
 
+    def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        ub = llamacpp_build.user_build_of(path, opts.build)
+        if ub is not None:
+            llamacpp_build.check_user_build(ub, f"{path}: arms[{arm.name}].options.build")
+
+    def prepare_arm(self, spec: Any, arm: Any) -> None:
+        ub = llamacpp_build.user_build_of(spec.path, self.options(arm).build)
+        if ub is not None:
+            with llamacpp_build.user_build(ub):
+                llamacpp_build.build()
+
     def engine_info(self) -> dict[str, Any]:
         m = llamacpp_build.load_manifest()
         info = llamacpp_build.engine_block(self.name, m)
@@ -84,6 +96,10 @@ class LlamaBench(Engine):
         return info
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
+        with llamacpp_build.user_build(llamacpp_build.user_build_of(ctx.spec.path, self.options(ctx.arm).build)):
+            return self._run(ctx, form)
+
+    def _run(self, ctx: RunContext, form: str) -> EngineResult:
         model_path = models.form_path(ctx.model, form)
         bench = str(llamacpp_build.binary("llama-bench"))
         p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])

@@ -1,0 +1,128 @@
+"""A grid arm's own llama.cpp (options.build): a source tree the harness builds, or prebuilt binaries.
+
+The refusals (one line, exit 2, nothing run) and the tree's identity are checked here without compiling; a
+folder of prebuilt binaries runs llama-bench for real; a tree that does not build fails with its log's path
+and last lines. A full build of a source tree takes minutes: it is the published series
+grids/llamacpp-builds.yaml, not a test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.engines.llamacpp import build as llamacpp_build
+from harness.store import Store, load_path
+
+GRID = """
+name: ub
+model: tiny-llama
+arms:
+  - {{name: pinned, engine: llama-bench, form: gguf-f32}}
+  - {{name: mine, engine: {engine}, form: gguf-f32, options: {{build: {build}}}}}
+workload: {{prompt_len: 8, context_len: 64, gen_len: 4}}
+threads: 1
+passes: 1
+repetitions: 1
+warmups: 0
+"""
+
+
+def _grid(tmp_path: Path, build: str, engine: str = "llama-bench") -> Path:
+    g = tmp_path / "ub.yaml"
+    g.write_text(GRID.format(build=build, engine=engine))
+    return g
+
+
+def _fake_tree(root: Path, cmake: str = "project(x)\n") -> Path:
+    (root / "ggml").mkdir(parents=True)
+    (root / "CMakeLists.txt").write_text(cmake)
+    (root / "src.c").write_text("int main(void) { return 0; }\n")
+    return root
+
+
+@pytest.mark.parametrize("build, says", [
+    ("{source: a, bin: b}", "exactly one of source"),
+    ("{}", "exactly one of source"),
+    ("{bin: b, flags: [-DX=1]}", "flags apply to a source build only"),
+    ("{source: tree, flags: [X=1]}", "cmake -DNAME=VALUE"),
+    ("{source: nowhere}", "is not a directory"),
+    ("{source: notatree}", "is not a llama.cpp source tree"),
+    ("{bin: notatree}", "has no executable llama-bench"),
+])
+def test_a_bad_build_is_one_line_naming_the_field_exit_2(tmp_path, cli, build, says):
+    _fake_tree(tmp_path / "tree")
+    (tmp_path / "notatree").mkdir()
+    rc, _, err = cli("plan", _grid(tmp_path, build))
+    assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert "ub.yaml" in err and "build" in err
+
+
+def test_the_llamacpp_engine_refuses_prebuilt_binaries_at_plan(tmp_path, cli):
+    (tmp_path / "bin").mkdir()
+    exe = tmp_path / "bin" / "llama-bench"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    rc, _, err = cli("plan", _grid(tmp_path, "{bin: bin}", engine="llama.cpp"))
+    assert rc == 2 and "static libraries" in err and "use engine llama-bench" in err
+
+
+def test_a_trees_identity_is_its_content_and_its_git_state(tmp_path):
+    tree = _fake_tree(tmp_path / "tree")
+    h0 = llamacpp_build.tree_sha256(tree)
+    (tree / "build").mkdir()
+    (tree / "build" / "junk.o").write_text("x")  # build folders and .git are not the tree
+    assert llamacpp_build.tree_sha256(tree) == h0
+    (tree / "src.c").write_text("int main(void) { return 1; }\n")
+    h1 = llamacpp_build.tree_sha256(tree)
+    assert h1 != h0
+    assert llamacpp_build.git_state(tree) == {"git": "not a git repository"}
+    git = ["git", "-C", str(tree), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    state = llamacpp_build.git_state(tree)
+    assert len(state["git_commit"]) == 40 and state["git_dirty"] is False
+    (tree / "src.c").write_text("int main(void) { return 2; }\n")
+    assert llamacpp_build.git_state(tree)["git_dirty"] is True
+    ub = llamacpp_build.UserBuild(source=tree)
+    with llamacpp_build.user_build(ub):
+        k1 = llamacpp_build.build_key()
+    with llamacpp_build.user_build(llamacpp_build.UserBuild(source=tree, flags=("-DGGML_AVX2=OFF",))):
+        k2 = llamacpp_build.build_key()
+    assert k1 != k2 and k1 != llamacpp_build.build_key()  # flags and tree are the build's key; the pinned one apart
+
+
+def test_a_tree_that_does_not_build_says_where_its_log_is(tmp_path):
+    from harness.errors import UserError
+    tree = _fake_tree(tmp_path / "tree", 'cmake_minimum_required(VERSION 3.14)\nproject(x)\n'
+                                         'message(FATAL_ERROR "broken on purpose")\n')
+    with llamacpp_build.user_build(llamacpp_build.UserBuild(source=tree)), pytest.raises(UserError) as e:
+        llamacpp_build.build()
+    msg = str(e.value)
+    assert "broken on purpose" in msg and "failed-builds" in msg and "\n" not in msg
+    log = Path(msg.split("read the build log ")[1].split(";")[0])
+    assert log.is_file() and "broken on purpose" in log.read_text()
+    log.unlink()
+
+
+@pytest.mark.engines
+def test_prebuilt_binaries_run_and_say_they_were_not_built_here(tmp_path):
+    from harness import execute
+    from harness.check import check
+    pinned = llamacpp_build.load_manifest()
+    bindir = Path(pinned["binaries"]["llama-bench"]["path"]).parent
+    g = _grid(tmp_path, f"{{bin: {bindir}}}")
+    s = execute.run(str(g), store_root=tmp_path / "st")
+    assert (s.done, s.failed) == (2, 0)
+    arts = {a.grid.arm: a for a in (load_path(p) for p in Store(tmp_path / "st").iter_paths("ub"))}
+    mine, base = arts["mine"].engine, arts["pinned"].engine
+    assert mine.build["built_by_harness"] is False and mine.build["prebuilt"] == str(bindir)
+    assert mine.build["binaries_sha256"]["llama-bench"] == pinned["binaries"]["llama-bench"]["sha256"]
+    assert mine.build_commit == base.build_commit == pinned["build_commit"]  # read from --version
+    assert "sdist_sha256" in base.build and "sdist_sha256" not in mine.build
+    assert json.loads(json.dumps(arts["mine"].execution.requested))["build"] == {"bin": str(bindir)}
+    n, problems = check([tmp_path / "st"], verify_models=False)
+    assert n == 2 and [p for p in problems if ": harness.dirty:" not in p] == []
