@@ -3,16 +3,42 @@ beside the plots records, for each plot's name, the sha256 of that data."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+import math
+import numbers
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from harness.errors import UserError
 from harness.paths import safe_component
 from harness.store import read_bytes
 
 PLOT_HASHES = "plots.json"  # beside the plots: each plot's name -> the sha256 of the data it was drawn from
+# Floats are hashed at the precision a plot draws them: rounded on a log scale to steps of 1e-6 of their value
+# (~6 significant digits; the markdown shows ~4). That moves a value by at most 5e-7 of itself: on a ~700 px
+# axis (7 in at dpi 100) that spans at least a hundredth of the values it draws (a ratio chart's CIs around 1,
+# a sweep from near 0), under 0.04 px, which no eye sees. The last bits that differ between CPUs (SIMD widths
+# in sums, exp and log: ~1e-15 of a value) then give the same hash, unless a value lies that close to a step's
+# boundary (a chance of ~1e-9 per float). Decimal rounding would not do: its boundaries lie on the grid the data
+# is recorded on (the median of two 4-decimal figures, 67.82985, sits exactly on one of 6 digits).
+LOG_STEP = 1e-6
+
+
+def as_drawn(x: Any) -> Any:
+    """x with every float in it, at any depth of lists, tuples and dicts, replaced by its step on the log scale."""
+    if isinstance(x, numbers.Real) and not isinstance(x, numbers.Integral):
+        x = float(x)
+        if x == 0 or not math.isfinite(x):
+            return abs(x) if x == 0 else x  # -0.0 is drawn where 0.0 is
+        return f"{'-' if x < 0 else ''}e{round(math.log(abs(x)) / LOG_STEP)}"
+    if isinstance(x, dict):
+        return {k: as_drawn(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [as_drawn(v) for v in x]
+    return x
 
 
 def _plot_data_hash(sec: dict, name: str) -> str:
@@ -20,7 +46,7 @@ def _plot_data_hash(sec: dict, name: str) -> str:
     keys = ("metric", "unit")
     rows = [(t["metric"], r["arm"], r["cell_short"], r["threads"], r["median_value"], list(r["median_ci"]),
              r.get("ratio_value"), list(r.get("ci", ())), r["verdict"]) for t in sec["tables"] for r in t["rows"]]
-    blob = json.dumps({"name": name, "title": [sec["name"], sec["host_key"], sec["baseline"]],
+    blob = json.dumps(as_drawn({"name": name, "title": [sec["name"], sec["host_key"], sec["baseline"]],
                        "tables": [[t[k] for k in keys] for t in sec["tables"]], "rows": rows,
                        "scale": [(r["arm"], r["parameters"], r["bw_share_value"]) for r in (sec.get("scale") or {}).get(
                            "rows", [])],
@@ -28,13 +54,17 @@ def _plot_data_hash(sec: dict, name: str) -> str:
                                      for r in sec["steps"]["rows"]]} if sec.get("steps") else {}),
                        **({"context": [(r["arm"], r["size"], r["prompt_len"], r["decode_value"])
                                        for r in sec["context"]["rows"]]} if sec.get("context") else {}),
-                       "plots_code": _plots_code_hash()}, sort_keys=True, default=str)
+                       "plots_code": _plots_code_hash()}), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
 @lru_cache(maxsize=1)
 def _plots_code_hash() -> str:
-    return hashlib.sha256((Path(__file__).parent / "plots.py").read_bytes()).hexdigest()[:16]
+    """The code that draws: plots.py and the plot functions of the views (scale, steps, context)."""
+    from harness import context, scale, steps
+    code = (Path(__file__).parent / "plots.py").read_text() + "".join(inspect.getsource(m.plot)
+                                                                      for m in (scale, steps, context))
+    return hashlib.sha256(code.encode()).hexdigest()[:16]
 
 
 def write_plots(sections: list[dict], out_dir: Path) -> tuple[list[Path], list[Path]]:
