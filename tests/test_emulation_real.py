@@ -13,7 +13,7 @@ import json
 import pytest
 
 from harness import check, execute, hardware
-from harness.probe import probe
+from harness.probe import meminfo, probe
 from harness.store import Store
 
 pytestmark = pytest.mark.engines
@@ -38,7 +38,16 @@ timeout_s: 600
 """
 
 
+def _fits(cls: str) -> None:
+    """Skip, with the numbers, where this machine cannot give the class what it caps to (the memory available
+    now, from /proc/meminfo's MemAvailable, or cores): the run would be refused, not fail."""
+    short = hardware.exceeds(hardware.get_class(cls), {**NATIVE, "memory_available_bytes": meminfo()["available_bytes"]})
+    if short:
+        pytest.skip(f"class {cls} needs {'; '.join(short)}")
+
+
 def _run(tmp_path, cls):
+    _fits(cls)
     g = tmp_path / "emu.yaml"
     g.write_text(_grid(cls))
     s = execute.run(str(g), store_root=tmp_path / "store")

@@ -45,10 +45,10 @@ def test_report_check_fails_when_store_changes(cli, tmp_path, monkeypatch):
     rc, _, _ = cli("report", "--store", tmp_path / "artifacts", "--out", out_file, "--check")
     assert rc == 0
     arts = sorted(Path(tmp_path / "artifacts").rglob("*.json"))
-    if arts:
-        arts[0].unlink()  # an artifact removed without re-rendering
-        rc, out, _ = cli("report", "--store", tmp_path / "artifacts", "--out", out_file, "--check")
-        assert rc == 1 and "stale" in out
+    assert arts, "the published store is empty"
+    arts[0].unlink()  # an artifact removed without re-rendering
+    rc, out, _ = cli("report", "--store", tmp_path / "artifacts", "--out", out_file, "--check")
+    assert rc == 1 and "stale" in out
 
 
 def test_report_on_a_missing_store_is_a_usage_error(cli, tmp_path):

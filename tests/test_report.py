@@ -52,15 +52,22 @@ def test_summary_known_values():
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-ratios = st.lists(st.floats(0.5, 2.0, allow_nan=False), min_size=2, max_size=12)
+ENOUGH = stats.passes_needed(1)  # 6: from here on every comparison has an interval
+ratio = st.floats(0.5, 2.0, allow_nan=False)
 
 
 @settings(max_examples=50, deadline=None)
-@given(a=ratios)
+@given(a=st.lists(ratio, min_size=ENOUGH, max_size=12))
 def test_ratio_interval_contains_the_estimate(a):
     c = stats.compare(a, [1.0] * len(a))
-    if c.has_interval:
-        assert c.ci_low <= c.ratio <= c.ci_high
+    assert c.has_interval and c.ci_low <= c.ratio <= c.ci_high
+
+
+@settings(max_examples=20, deadline=None)
+@given(a=st.lists(ratio, min_size=1, max_size=ENOUGH - 1))
+def test_fewer_passes_never_give_an_interval(a):
+    c = stats.compare(a, [1.0] * len(a))
+    assert not c.has_interval and stats.verdict(c, True).startswith("undetermined")
 
 
 @settings(max_examples=30, deadline=None)
