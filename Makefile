@@ -58,7 +58,7 @@ test: setup
 	$(PY) -m pytest -q tests
 
 bench: venv
-	$(PY) -m harness.bench -n 10000
+	$(PY) -m harness.bench -n 100000
 
 # The planted-effect experiment (docs/methodology.md): the same planted 5% slowdown, measured
 # interleaved and sequentially, each under a fresh background load drifting from 90% to 0%.

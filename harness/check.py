@@ -12,6 +12,8 @@ import json
 import math
 import os
 import re
+import stat
+import time
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -81,9 +83,17 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
               finite: bool = False) -> list[str]:
     """Problems with one parsed JSON document (field checks on its migrated form). `finite`: the strict parser
     read it (no NaN or infinity), so the id may be verified the fast way first."""
+    problems, a = _doc_problems(doc, where, allow_unknown_commit, finite)
+    if verify_models and getattr(a, "model", None) is not None and a.model.files:
+        problems += _check_model_files(a, where)
+    return problems
+
+
+def _doc_problems(doc: Any, where: str, allow_unknown_commit: bool, finite: bool) -> tuple[list[str], Any]:
+    """check_doc but the model files: (problems, the parsed artifact or None where it does not parse)."""
     problems: list[str] = []
     if not isinstance(doc, dict):
-        return [f"{where}: (top level): not a JSON object"]
+        return [f"{where}: (top level): not a JSON object"], None
     try:
         if not id_matches(doc, finite and isinstance(doc, dict)):
             problems.append(f"{where}: id: does not match the content (edited after it was written?)")
@@ -93,17 +103,15 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
         a = parse(doc, where)
         doc = migrate(dict(doc), where)
     except UserError as e:
-        return problems + [f"{where}: {e.problem}"]
+        return problems + [f"{where}: {e.problem}"], None
     except ValidationError as e:
         return problems + [f"{where}: {'.'.join(str(x) for x in err['loc']) or '(top level)'}: {err['msg']}"
-                           for err in e.errors()]
+                           for err in e.errors()], None
     name = Path(where).name
     if name.endswith(".json") and name[:-5] != doc.get("id"):
         problems.append(f"{where}: id: file name is not <id>.json")
     problems += _content_problems(doc, a, where, allow_unknown_commit)
-    if verify_models and getattr(a, "model", None) is not None and a.model.files:
-        problems += _check_model_files(a, where)
-    return problems
+    return problems, a
 
 
 def problems_of(a: Any, where: str, allow_unknown_commit: bool = False, tree_state: bool = True) -> list[str]:
@@ -620,16 +628,19 @@ def _request_figure_problems(a: Any, where: str, counted: dict[str, str]) -> lis
 
 
 def _check_model_files(a: Any, where: str) -> list[str]:
-    return [f"{where}: {p}" for p in _model_file_problems(a.model.name, tuple((f.path, f.sha256) for f in a.model.files))]
+    user = isinstance(a.model.source, dict) and "user_source" in a.model.source
+    return [f"{where}: {p}" for p in _model_file_problems(a.model.name, tuple((f.path, f.sha256) for f in a.model.files),
+                                                          user)]
 
 
 @lru_cache(maxsize=256)
-def _model_file_problems(name: str, files: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+def _model_file_problems(name: str, files: tuple[tuple[str, str], ...], user: bool = False) -> tuple[str, ...]:
     """The recorded model files that differ from this machine's, once per distinct file list per process (a
-    store of thousands of runs of one model compares its files once, not once per artifact)."""
+    store of thousands of runs of one model compares its files once, not once per artifact). A user's model
+    (given by path) that this machine does not know has nothing local to compare with."""
     from harness import models
-    if name not in models.MODELS:
-        return (f"model.name: unknown model {name!r}",)
+    if not models.known(name):
+        return () if user else (f"model.name: unknown model {name!r}",)
     try:
         root = models.model_dir(name)
     except Exception:
@@ -649,17 +660,25 @@ def _model_file_problems(name: str, files: tuple[tuple[str, str], ...]) -> tuple
 def iter_artifact_paths(paths: Iterable[str]) -> tuple[list[Path], list[str]]:
     """The artifact files to check under the given files and store folders (harness.store.walk: links are never
     followed, FIFOs and devices never opened), and one problem line per entry that is not a plain file."""
-    from harness.store import walk
-    files, problems = [], []
+    sources, problems = _artifact_paths(paths)
+    return [Path(f) for f, _ in sources], problems
+
+
+def _artifact_paths(paths: Iterable[str]) -> tuple[list[tuple[str, Path | None]], list[str]]:
+    """iter_artifact_paths, each file (as str of its Path) with the store folder it was found under (None: named
+    itself)."""
+    from harness.store import walk_names
+    files: list[tuple[str, Path | None]] = []
+    problems = []
     for p in map(Path, paths):
         if p.is_symlink():
             problems.append(f"{p}: (file): is a symlink; artifacts are plain files")
         elif p.is_dir():
-            found, odd = walk(p)
-            files += found
+            found, odd = walk_names(p)
+            files += [(f, p) for f in found]
             problems += [f"{q}: (file): {why}" for q, why in odd]
         elif p.is_file():
-            files.append(p)
+            files.append((str(p), None))
         elif p.exists():
             problems.append(f"{p}: (file): not a regular file (a FIFO, device or socket)")
         else:
@@ -667,8 +686,9 @@ def iter_artifact_paths(paths: Iterable[str]) -> tuple[list[Path], list[str]]:
     return files, problems
 
 
-def _check_file(f: Path, verify_models: bool, allow_unknown_commit: bool) -> tuple[list[str], Any]:
-    """One file's problems, and its document when a later cross-check needs it (fidelity, reference) or its id.
+def _check_file(f: Path, allow_unknown_commit: bool) -> tuple[list[str], dict | None]:
+    """One file's problems but its model files', and what the checks across files need of it (its record: id,
+    kind, model files, the summary of a reference or fidelity artifact), JSON, as the verification cache keeps it.
     Read through harness.store.read_bytes: a regular file, not a link, bounded in size and nesting."""
     from harness.store import MAX_DEPTH, read_bytes, too_deep
     where = str(f)
@@ -688,86 +708,162 @@ def _check_file(f: Path, verify_models: bool, allow_unknown_commit: bool) -> tup
         return [f"{where}: (file): invalid JSON ({e.msg} at line {e.lineno}); truncated?"], None
     except (ValueError, RecursionError) as e:
         return [f"{where}: (file): invalid JSON ({e})"], None
-    problems = check_doc(doc, where, verify_models, allow_unknown_commit, finite)
-    if isinstance(doc, dict) and doc.get("kind") in ("fidelity", "reference"):
-        return problems, doc
-    return problems, {"id": doc.get("id")} if isinstance(doc, dict) else None
+    problems, a = _doc_problems(doc, where, allow_unknown_commit, finite)
+    if not isinstance(doc, dict):
+        return problems, None
+    rec: dict[str, Any] = {"id": doc.get("id")}
+    if getattr(a, "model", None) is not None and a.model.files:
+        rec["model"] = [a.model.name, [[m.path, m.sha256] for m in a.model.files]]
+    kind = doc.get("kind")
+    if kind == "reference" and isinstance(doc.get("id"), str):
+        rec["reference"] = _ref_summary(a) if a is not None else None
+    if kind == "fidelity" and isinstance(doc.get("reference"), dict):
+        rec["fidelity"] = {"rid": doc["reference"].get("id"), "parsed": None if a is None else {
+            "reference": a.reference, "prompt_set": a.prompt_set.model_dump(mode="json"),
+            "engine": None if a.cross_engine else {"build_commit": a.engine.build_commit, "build": a.engine.build}}}
+    return problems, rec
 
 
-def _check_chunk(args: tuple[list[str], bool, bool]) -> list[tuple[list[str], Any]]:
-    files, verify_models, allow = args
+def _check_chunk(args: tuple[list[str], bool]) -> list[tuple[list[str], dict | None]]:
+    files, allow = args
     with gc_paused():
-        return [_check_file(Path(f), verify_models, allow) for f in files]
+        return [_check_file(Path(f), allow) for f in files]
 
 
 PARALLEL_FROM = 400  # artifacts; below this a process pool costs more than it saves
+CACHE_FROM = 400  # artifacts in a store folder; a smaller one is checked whole each time, uncached
 
 
 def check(paths: Iterable[str], verify_models: bool = True, allow_unknown_commit: bool = False) -> tuple[int, list[str]]:
-    """(number of artifacts checked, problems). Large stores are checked on every CPU this process may use
-    (each file independently; the cross-file checks, duplicate ids and fidelity references, run after)."""
-    files, problems = iter_artifact_paths(paths)
+    """(number of artifacts checked, problems). Incremental: what checking a file of a store folder found is kept
+    in the store's verification cache (harness.hashcache.StoreCache: under the user's cache folder, never in the
+    store) and reused while the file is unchanged (its size, mtime, ctime, inode and device); the rest is checked
+    on every CPU this process may use. The checks across files (duplicate ids, fidelity references) run over
+    every file's record, and the model files are compared afresh, each time: the result is the same as without
+    the cache."""
+    with gc_paused():  # the cache's entries and the records: many small containers, no cycles
+        return _check(paths, verify_models, allow_unknown_commit)
+
+
+def _check(paths: Iterable[str], verify_models: bool, allow_unknown_commit: bool) -> tuple[int, list[str]]:
+    from collections import Counter
+
+    from harness.hashcache import StoreCache, stamp
+    sources, problems = _artifact_paths(paths)
     _model_file_problems.cache_clear()  # model files are compared afresh by every check
-    workers = min(len(os.sched_getaffinity(0)), 8)
-    if len(files) >= PARALLEL_FROM and workers > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        n = max(1, len(files) // (workers * 4))
-        chunks = [([str(f) for f in files[i:i + n]], verify_models, allow_unknown_commit)
-                  for i in range(0, len(files), n)]
-        with ProcessPoolExecutor(workers) as pool:
-            results = [r for chunk in pool.map(_check_chunk, chunks) for r in chunk]
-    else:
-        results = _check_chunk(([str(f) for f in files], verify_models, allow_unknown_commit))
-    seen: dict[str, Path] = {}
-    fidelity_refs: list[tuple[str, dict]] = []
-    references: dict[str, dict] = {}
-    for f, (probs, doc) in zip(files, results):
-        where = str(f)
+    caches = {root: StoreCache("check", root, cache_options(allow_unknown_commit))
+              for root, n in Counter(r for _, r in sources).items() if root is not None and n >= CACHE_FROM}
+    prefixes = {root: os.path.join(str(root), "") for root in caches}
+    now = time.time_ns()  # before any file is stat'd or read (StoreCache.put)
+    results: list[Any] = []
+    todo: list[tuple[int, Any, str, list[int]]] = []  # (index, cache, relative path, stamp)
+    for where, root in sources:
+        cache, hit = caches.get(root), None  # type: ignore[arg-type]
+        if cache is not None:
+            prefix = prefixes[root]
+            rel = where[len(prefix):] if where.startswith(prefix) else os.path.relpath(where, root)
+            try:
+                st = os.lstat(where)
+                hit = cache.get(rel, stamp(st)) if stat.S_ISREG(st.st_mode) else None
+            except OSError:
+                cache = None
+        if isinstance(hit, list) and len(hit) == 2:
+            results.append(([f"{where}: {line}" for line in hit[0]] if hit[0] else [], hit[1]))
+        else:
+            todo.append((len(results), cache, rel if cache else "", stamp(st) if cache else []))
+            results.append(None)
+    checked = _check_files([sources[i][0] for i, *_ in todo], allow_unknown_commit)
+    for (i, cache, rel, st), r in zip(todo, checked):
+        results[i] = r
+        where = f"{sources[i][0]}: "
+        if cache is not None and all(line.startswith(where) for line in r[0]):
+            cache.put(rel, st, [[line[len(where):] for line in r[0]], r[1]], now)
+    for cache in caches.values():
+        cache.save()
+    seen: dict[str, str] = {}
+    fidelity_recs: list[tuple[str, dict]] = []
+    references: dict[str, dict | None] = {}
+    for (where, _), (probs, rec) in zip(sources, results):
         problems += probs
-        if not isinstance(doc, dict):
+        if rec is None:
             continue
-        if doc.get("kind") == "fidelity" and isinstance(doc.get("reference"), dict):
-            fidelity_refs.append((where, doc))
-        if doc.get("kind") == "reference" and isinstance(doc.get("id"), str):
-            references[doc["id"]] = doc
-        aid = doc.get("id")
+        if verify_models and "model" in rec:
+            name, mfiles = rec["model"]
+            problems += [f"{where}: {p}" for p in _model_file_problems(name, tuple(map(tuple, mfiles)))]
+        if "fidelity" in rec:
+            fidelity_recs.append((where, rec["fidelity"]))
+        if "reference" in rec:
+            references[rec["id"]] = rec["reference"]
+        aid = rec["id"]
         if isinstance(aid, str):
-            if aid in seen and seen[aid].resolve() != f.resolve():
+            if aid in seen and Path(seen[aid]).resolve() != Path(where).resolve():
                 problems.append(f"{where}: id: duplicate of {seen[aid]}")
-            seen.setdefault(aid, f)
-    problems += _check_references(fidelity_refs, references)
-    return len(files), problems
+            seen.setdefault(aid, where)
+    problems += _check_references(fidelity_recs, references)
+    return len(sources), problems
+
+
+def cache_options(allow_unknown_commit: bool) -> str:
+    """What besides the store keys check's verification cache: the options that change a file's problems."""
+    return f"allow_unknown_commit={allow_unknown_commit}"
+
+
+def _relative(f: Path, root: Path) -> str:
+    s, prefix = str(f), os.path.join(str(root), "")
+    return s[len(prefix):] if s.startswith(prefix) else os.path.relpath(s, root)
+
+
+def _check_files(files: list[str], allow_unknown_commit: bool) -> list[tuple[list[str], dict | None]]:
+    """_check_file of each, on every CPU this process may use when there are many."""
+    workers = min(len(os.sched_getaffinity(0)), 8)
+    if len(files) < PARALLEL_FROM or workers < 2:
+        return _check_chunk((files, allow_unknown_commit))
+    from concurrent.futures import ProcessPoolExecutor
+    n = max(1, len(files) // (workers * 4))
+    chunks = [(files[i:i + n], allow_unknown_commit) for i in range(0, len(files), n)]
+    with ProcessPoolExecutor(workers) as pool:
+        return [r for chunk in pool.map(_check_chunk, chunks) for r in chunk]
 
 
 def reference_mismatch(ref: Any, fid_ref: dict, prompt_set: dict, engine: dict | None) -> list[str]:
     """Why a reference artifact is not the one a fidelity artifact names (empty: it is)."""
+    return _mismatch(_ref_summary(ref), fid_ref, prompt_set, engine)
+
+
+def _ref_summary(ref: Any) -> dict:
+    """What reference_mismatch compares of a reference artifact, as JSON."""
+    return {"id": ref.id, "model_sha256": sorted(f.sha256 for f in ref.model.files),
+            "prompt_set": [ref.prompt_set.sha256, ref.prompt_set.token_ids_sha256],
+            "engine": [ref.engine.build_commit, ref.engine.build]}
+
+
+def _mismatch(ref: dict, fid_ref: dict, prompt_set: dict, engine: dict | None) -> list[str]:
     out = []
-    if ref.id != fid_ref.get("id"):
+    if ref["id"] != fid_ref.get("id"):
         out.append("id differs")
-    if sorted(f.sha256 for f in ref.model.files) != sorted(fid_ref.get("model_sha256", [])):
+    if ref["model_sha256"] != sorted(fid_ref.get("model_sha256", [])):
         out.append("model hash differs")
-    if ref.prompt_set.sha256 != prompt_set["sha256"] or ref.prompt_set.token_ids_sha256 != prompt_set["token_ids_sha256"]:
+    if ref["prompt_set"] != [prompt_set["sha256"], prompt_set["token_ids_sha256"]]:
         out.append("prompt set hash differs")
-    if engine is not None and (ref.engine.build_commit != engine["build_commit"] or ref.engine.build != engine["build"]):
+    if engine is not None and ref["engine"] != [engine["build_commit"], engine["build"]]:
         out.append("engine build differs")
     return out
 
 
-def _check_references(fidelity_docs: list[tuple[str, dict]], references: dict[str, dict]) -> list[str]:
-    """Each fidelity artifact's reference is among the checked ones, and is what the artifact says it is."""
+def _check_references(fidelity_recs: list[tuple[str, dict]], references: dict[str, dict | None]) -> list[str]:
+    """Each fidelity artifact's reference is among the checked ones, and is what the artifact says it is (from
+    the records of _check_file: a summary is None where its artifact did not parse, which is reported above)."""
     out = []
-    for where, doc in fidelity_docs:
-        rid = doc["reference"].get("id")
+    for where, fid in fidelity_recs:
+        rid = fid["rid"]
         if rid not in references:
             out.append(f"{where}: reference.id: {str(rid)[:12]}... is not among the checked artifacts "
                        "(check the fidelity store and baselines together)")
             continue
-        try:
-            ref, fid = parse(references[rid], rid), parse(doc, where)
-        except (UserError, ValidationError):
-            continue  # reported above
-        eng = None if fid.cross_engine else {"build_commit": fid.engine.build_commit, "build": fid.engine.build}
-        why = reference_mismatch(ref, fid.reference, fid.prompt_set.model_dump(), eng)
+        ref, parsed = references[rid], fid["parsed"]
+        if ref is None or parsed is None:
+            continue
+        why = _mismatch(ref, parsed["reference"], parsed["prompt_set"], parsed["engine"])
         if why:
             out.append(f"{where}: reference: {', '.join(why)} from reference {rid[:12]}...")
     return out

@@ -346,7 +346,6 @@ def collect(store_dirs: list[str]) -> Collected:
     """Read the stores through the one door check also uses: a file that is not a plain, bounded, valid
     artifact whose id matches its bytes, or that check refuses (check.accepted), is left out and named in
     `left_out`, never rendered."""
-    from harness.check import accepted
     by_grid: dict[str, list[RunArtifact]] = defaultdict(list)
     fidelity: dict[str, list] = defaultdict(list)
     calibrations = []
@@ -358,15 +357,7 @@ def collect(store_dirs: list[str]) -> Collected:
         # references (large) are read through their fidelity artifacts, never rendered
         paths = [p for p in st.iter_paths() if p.parent.parent.name != "quality"]
         left_out += st.left_out
-        loaded = []
-        for p in paths:
-            try:
-                loaded.append((load_path(p, verify_id=True), str(p)))
-            except UserError as e:
-                left_out.append(str(e))
-        # every content rule of check; the tree state aside (a dirty tree's run is a real run, and the published
-        # store's tree state is gated by `harness check` in CI)
-        ok, refused = accepted(loaded, tree_state=False)
+        ok, refused = _load_accepted(Path(d), paths)
         left_out += refused
         for a in ok:
             where.setdefault(a.id, str(d))
@@ -380,6 +371,63 @@ def collect(store_dirs: list[str]) -> Collected:
                 references.append(a)
     return Collected(dict(sorted(by_grid.items())), dict(sorted(fidelity.items())), calibrations, where, references,
                      left_out)
+
+
+def _load_accepted(d: Path, paths: list[Path]) -> tuple[list, list[str]]:
+    """The artifacts of one store folder that load (regular, bounded, hashing to their id) and that check accepts
+    (check.accepted: every content rule, the tree state aside: a dirty tree's run is a real run, and the published
+    store's tree state is gated by `harness check` in CI), in file order; a line per file left out, those that did
+    not load first. Incremental: each file's verdict is kept in the store's verification cache (hashcache.
+    StoreCache, under the user's cache folder) while the file is unchanged, and an accepted file unchanged since
+    is parsed again (its bytes read only when the open file still has the verified stamp) but neither hashed nor
+    checked again."""
+    import os
+    import time
+
+    import pydantic_core
+
+    from harness.artifact import parse
+    from harness.check import CACHE_FROM, _relative, accepted
+    from harness.hashcache import StoreCache, stamp
+    from harness.store import read_if_unchanged
+    cache = StoreCache("report", d) if len(paths) >= CACHE_FROM else None
+    arts, unloadable, refused = [], [], []
+    now = time.time_ns()  # before any file is stat'd or read (StoreCache.put)
+    for p in paths:
+        where, st, hit = str(p), None, None
+        if cache is not None:
+            rel = _relative(p, d)
+            try:
+                st = stamp(os.lstat(p))
+            except OSError:
+                pass
+            hit = cache.get(rel, st) if st else None
+        if hit == "ok":
+            raw = read_if_unchanged(p, st)  # type: ignore[arg-type]
+            try:
+                arts.append(parse(pydantic_core.from_json(raw, allow_inf_nan=False), where))
+                continue
+            except Exception:  # changed since (None), or not what was verified: loaded and checked below
+                pass
+        elif isinstance(hit, list) and len(hit) == 2 and hit[0] in ("load", "refused") and all(
+                isinstance(x, str) for x in hit[1]):
+            (unloadable if hit[0] == "load" else refused).extend(f"{where}: {x}" for x in hit[1])
+            continue
+        try:
+            a = load_path(p, verify_id=True)
+        except UserError as e:
+            kind, lines = "load", [str(e)]
+            unloadable += lines
+        else:
+            good, lines = accepted([(a, where)], tree_state=False)
+            arts += good
+            refused += lines
+            kind = "refused" if lines else "ok"
+        if st and all(line.startswith(f"{where}: ") for line in lines):
+            cache.put(rel, st, "ok" if kind == "ok" else [kind, [line[len(where) + 2:] for line in lines]], now)
+    if cache is not None:
+        cache.save()
+    return arts, unloadable + refused
 
 
 # The speed grids whose builds are set against the machine's ceiling (when they are in the store).

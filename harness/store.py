@@ -62,25 +62,63 @@ def read_bytes(path: Path, limit: int = MAX_ARTIFACT_BYTES, fix: str = "remove i
         os.close(fd)
 
 
+_NOT_BRACKET = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def read_if_unchanged(path: Path, want: list[int]) -> bytes | None:
+    """A store file's bytes, if its stamp (harness.hashcache.stamp) is `want` on the open file before and after
+    it is read: the bytes a verification cache entry of that stamp vouches for. None otherwise, on any error, or
+    for what read_bytes refuses (a link, a FIFO, more than MAX_ARTIFACT_BYTES)."""
+    from harness.hashcache import stamp
+    try:
+        fd = os.open(path, _O_READ)
+    except OSError:
+        return None
+    try:
+        if stamp(os.fstat(fd)) != want or not 0 <= want[0] <= MAX_ARTIFACT_BYTES:
+            return None
+        chunks, n = [], 0
+        while n <= want[0]:
+            b = os.read(fd, min(1 << 20, want[0] + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        return b"".join(chunks) if n == want[0] and stamp(os.fstat(fd)) == want else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _outside_strings(raw: bytes) -> bytes:
+    """JSON text with its strings cut out: the text between quotes, where no quote is escaped, every other
+    piece; otherwise a quote inside a string after an odd run of backslashes is escaped and does not close it."""
+    parts = raw.split(b'"')
+    if b'\\"' not in raw:
+        return b"".join(parts[0::2])
+    out, in_str = [], False
+    for part in parts:  # the text up to the next quote
+        if not in_str:
+            out.append(part)
+            in_str = True  # the quote after it opens a string
+        elif (len(part) - len(part.rstrip(b"\\"))) % 2 == 0:
+            in_str = False  # an unescaped quote closes it
+    return b"".join(out)
+
+
 def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
-    """Whether JSON text nests deeper than `limit` (brackets outside strings counted; a linear scan, no parse)."""
+    """Whether JSON text nests deeper than `limit` (brackets outside strings counted; no parse). The strings are
+    cut out by bytes operations first: a scan byte by byte in Python was 60% of `harness check`."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
     depth = 0
-    in_str = esc = False
-    for c in raw:
-        if in_str:
-            if esc:
-                esc = False
-            elif c == 0x5C:  # backslash
-                esc = True
-            elif c == 0x22:
-                in_str = False
-        elif c == 0x22:
-            in_str = True
-        elif c in (0x5B, 0x7B):
+    for c in _outside_strings(raw).translate(None, _NOT_BRACKET):
+        if c in (0x5B, 0x7B):
             depth += 1
             if depth > limit:
                 return True
-        elif c in (0x5D, 0x7D):
+        else:
             depth -= 1
     return False
 
@@ -88,35 +126,54 @@ def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
 def walk(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     """The artifact files (*.json, not temporaries) under a store folder, sorted, and the entries that are not
     plain files or folders (links, FIFOs, devices), each with why it is left out. Links are never followed."""
-    files: list[Path] = []
+    names, odd = walk_names(root)
+    return [Path(n) for n in names], odd
+
+
+def walk_names(root: Path | str) -> tuple[list[str], list[tuple[Path, str]]]:
+    """walk, the files as strings (str of the Path walk gives: 100,000 Path objects cost a second). Each entry's
+    type comes from its directory listing (os.scandir: no stat per file where the file system gives it there)."""
+    files: list[str] = []
     odd: list[tuple[Path, str]] = []
 
-    def onerror(e: OSError) -> None:
-        odd.append((Path(e.filename or root), f"unreadable: {e.strerror}"))
-
-    for d, dirs, names in os.walk(root, onerror=onerror, followlinks=False):
-        base = Path(d)
-        for n in list(dirs):
-            if (base / n).is_symlink():
-                odd.append((base / n, "is a symlink; a store holds plain files only"))
-                dirs.remove(n)
-        dirs.sort()
-        for n in names:
-            if not n.endswith(".json") or n.startswith(".tmp-"):
-                continue
-            p = base / n
+    def visit(base: str) -> None:
+        try:
+            with os.scandir(base) as it:
+                entries = list(it)
+        except OSError as e:
+            odd.append((Path(e.filename or base), f"unreadable: {e.strerror}"))
+            return
+        dirs, names = [], []
+        for e in entries:
             try:
-                mode = os.lstat(p).st_mode
-            except OSError as e:
-                odd.append((p, f"unreadable: {e.strerror}"))
+                (dirs if e.is_dir() else names).append(e)
+            except OSError:
+                names.append(e)
+        for e in dirs:
+            if e.is_symlink():
+                odd.append((Path(base, e.name), "is a symlink; a store holds plain files only"))
+        for e in names:
+            if not e.name.endswith(".json") or e.name.startswith(".tmp-"):
                 continue
-            if stat.S_ISLNK(mode):
-                odd.append((p, "is a symlink; artifacts are plain files"))
-            elif not stat.S_ISREG(mode):
-                odd.append((p, "not a regular file (a FIFO, device or socket in a store)"))
+            try:
+                link, regular = e.is_symlink(), e.is_file(follow_symlinks=False)
+            except OSError as err:
+                odd.append((Path(base, e.name), f"unreadable: {err.strerror}"))
+                continue
+            if link:
+                odd.append((Path(base, e.name), "is a symlink; artifacts are plain files"))
+            elif not regular:
+                odd.append((Path(base, e.name), "not a regular file (a FIFO, device or socket in a store)"))
             else:
-                files.append(p)
-    files.sort(key=os.fspath)
+                files.append(join(base, e.name))
+        for name in sorted(e.name for e in dirs if not e.is_symlink()):
+            visit(join(base, name))
+
+    def join(base: str, name: str) -> str:
+        return name if base == "." else os.path.join(base, name)
+
+    visit(str(Path(root)))  # Path's spelling: "store/" and "./store" are "store", as the Paths of walk say
+    files.sort()
     return files, odd
 
 
