@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from harness import __version__
 from harness.errors import UserError
@@ -56,8 +57,27 @@ def cmd_models_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models_add(args: argparse.Namespace) -> int:
+    """Register your model by path (harness/usermodels.py): checked now, prepared when a grid first runs it."""
+    from harness import models, usermodels
+    kind, path = ("gguf", args.gguf) if args.gguf else ("hf", args.hf)
+    um = usermodels.from_mapping(str(Path.cwd() / "harness models add"), "model",
+                                 {"name": args.name, kind: str(Path(path).expanduser().resolve()),
+                                  **({"sha256": args.sha256} if args.sha256 else {})})
+    reg = usermodels.load_registry()
+    if args.name in models.MODELS and args.name not in models.USER:
+        raise UserError(f"harness models add {args.name}", "is the name of a zoo model", "give your model another name")
+    reg[args.name] = um
+    usermodels.save_registry(reg)
+    print(f"{args.name}: {kind} {um.path} registered in {usermodels.registry_path()} "
+          f"(sha256 {usermodels.source_sha256(um)[:16]}...); `harness models prepare {args.name}` derives its forms")
+    return 0
+
+
 def cmd_models_list(args: argparse.Namespace) -> int:
-    from harness import models
+    from harness import models, usermodels
+    for name in usermodels.load_registry():
+        models.known(name)  # registered ones are listed beside the zoo, marked
     names = args.names or None
     if args.verify:
         problems = [p for n in (names or sorted(models.MODELS)) if (models.model_dir(n) / "manifest.json").exists()
@@ -241,7 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("names", nargs="*", help="models (default: all)")
     mp.add_argument("--rebuild", action="store_true", help="rebuild a model whose cached files are corrupted")
     mp.set_defaults(func=cmd_models_prepare)
-    ml = msub.add_parser("list", help="every file of the zoo with its size and sha256")
+    ma = msub.add_parser("add", help="register your own model by path (a GGUF file or a Hugging Face folder)")
+    ma.add_argument("name")
+    src = ma.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", help="a GGUF file")
+    src.add_argument("--hf", help="a Hugging Face model folder (config.json and *.safetensors)")
+    ma.add_argument("--sha256", help="pin the weights (the GGUF's sha256): another file is refused")
+    ma.set_defaults(func=cmd_models_add)
+    ml = msub.add_parser("list", help="every file of the zoo and of your registered models, with size and sha256")
     ml.add_argument("names", nargs="*")
     ml.add_argument("--json", action="store_true")
     ml.add_argument("--verify", action="store_true", help="re-hash every file; exit 1 on a mismatch")

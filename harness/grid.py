@@ -343,13 +343,15 @@ def _opt(m: dict, key: str, default: Any) -> Any:
     return default if v is None else v
 
 
-def _model_name(path: str, fld: str, v: Any, known: dict) -> str:
-    names = ", ".join(sorted(known))
+def _model_name(path: str, fld: str, v: Any) -> str:
+    """A zoo model's name, a registered model's (harness models add), or your model given by path (a mapping:
+    harness/usermodels.py), which is then known by its name."""
+    from harness import models, usermodels
     if isinstance(v, dict):
-        raise _err(path, fld, "a model given as a mapping (by name and path) is not supported yet",
-                   f"register the model in the zoo (harness/models.py) and give its name, or use a zoo name: {names}")
-    if not isinstance(v, str) or v not in known:
-        raise _err(path, fld, f"unknown model {_short(v)}", f"known: {names}")
+        return models.register(usermodels.from_mapping(path, fld, v))
+    if not models.known(v):
+        raise _err(path, fld, f"unknown model {_short(v)}", f"known: {', '.join(models.known_names())}, or "
+                   "{name: NAME, gguf: PATH} for your own")
     return v
 
 
@@ -465,12 +467,15 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
         if not vals:
             raise _err(path, "axes.model", "must list at least one model", f"known: {', '.join(sorted(MODELS))}")
         for m in vals:
-            _model_name(path, "axes.model", m, MODELS)
+            if isinstance(m, dict):
+                raise _err(path, "axes.model", "takes model names", "register each model by path first "
+                           "(harness models add NAME --gguf PATH), then list the names")
+            _model_name(path, "axes.model", m)
         model = vals[0]
     else:
         model = doc.get("model", "none")
         if model != "none":
-            _model_name(path, "model", model, MODELS)
+            model = _model_name(path, "model", model)
 
     avail = cpus
     raw_arms = entries(path, "arms", doc.get("arms"), ARM_FIELDS, "each arm: {name, engine, ...}")

@@ -272,7 +272,9 @@ def geometry(model: str) -> dict[str, Any]:
     from harness import models
     from runtime.patches import kv_bytes_per_token
     manifest = models.load_manifest(model)
-    cfg = _json.loads((models.form_path(model, "hf-fp32") / "config.json").read_text())
+    hf = next((f for f in ("hf-fp32", "hf-bf16", *sorted(manifest["forms"])) if f in manifest["forms"]
+               and f.startswith("hf-")), None)  # a GGUF-only model of yours: the shape its GGUF recorded
+    cfg = _json.loads((models.form_path(model, hf) / "config.json").read_text()) if hf else manifest["config"]
     return {"parameters": int(manifest["parameters"]), "kv_bytes_per_token_per_byte": kv_bytes_per_token(cfg, 1),
             "layers": cfg.get("num_hidden_layers"), "kv_heads": cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")}
 

@@ -18,7 +18,7 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from harness.errors import UserError
 from harness.paths import downloads_dir, models_root, sha256_file
@@ -325,9 +325,43 @@ def kv_elements_per_token(name: str) -> int | None:
     return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * hd
 
 
-def get_def(name: str) -> ModelDef:
+# Your models (harness/usermodels.py): registered by a grid's `model:` mapping or from the registry of
+# `harness models add`, then prepared and looked up as the zoo's are.
+USER: dict[str, "Any"] = {}
+
+
+def register(um: Any) -> str:
+    """Make a user model (usermodels.UserModel) known under its name, for this process."""
+    from harness import usermodels
+    if um.name in MODELS and um.name not in USER:
+        raise UserError(f"model {um.name}", "is the name of a zoo model", "give your model another name")
+    USER[um.name] = um
+    MODELS[um.name] = ModelDef(um.name, f"your model: {um.kind} {um.path}", str(um.path),
+                               lambda work, u=um: usermodels.build(u, work))
+    return um.name
+
+
+def known(name: Any) -> bool:
+    """A zoo model, or a user model of this process or of the registry (registered on first ask)."""
+    if not isinstance(name, str):
+        return False
     if name not in MODELS:
-        raise UserError("model", f"unknown model {name!r}", f"known models: {', '.join(sorted(MODELS))}")
+        from harness import usermodels
+        um = usermodels.load_registry().get(name)
+        if um is None:
+            return False
+        register(um)
+    return True
+
+
+def known_names() -> list[str]:
+    from harness import usermodels
+    return sorted(set(MODELS) | set(usermodels.load_registry()))
+
+
+def get_def(name: str) -> ModelDef:
+    if not known(name):
+        raise UserError("model", f"unknown model {name!r}", f"known models: {', '.join(known_names())}")
     return MODELS[name]
 
 
@@ -338,6 +372,9 @@ def model_key(name: str) -> str:
         code = llamacpp_build.code_key()
     inputs = {"name": name, "recipe": RECIPE_VERSION, "wheel": SMOL_WHEEL_SHA256,
               llamacpp_build.TOOL_KEY: code, "tiny": TINY_CONFIG if name == "tiny-llama" else None}
+    if name in USER:  # the source's content, not its path: the same file anywhere is the same model
+        from harness import usermodels
+        inputs.update(usermodels.key_inputs(USER[name]))
     if name in SYNTHETIC_SHAPES:  # (only for them: the real models' keys, and caches, stay as they were)
         inputs["synthetic"] = {"shape": SYNTHETIC_SHAPES[name], "std": SYNTHETIC_STD, "forms": list(SYNTHETIC_FORMS),
                                "seed": synthetic_seed(name), "builder": SYNTHETIC_BUILDER}
@@ -506,19 +543,21 @@ def listing(names: list[str] | None = None) -> list[dict]:
     rows = []
     for name in names or sorted(MODELS):
         root = model_dir(name)
+        mark = {"user": str(USER[name].path)} if name in USER else {}  # yours, registered by path
         if not (root / "manifest.json").exists():
-            rows.append({"model": name, "form": "-", "file": "(not prepared)", "size": 0, "sha256": ""})
+            rows.append({"model": name, "form": "-", "file": "(not prepared)", "size": 0, "sha256": "", **mark})
             continue
         m = load_manifest(name)
         for form, f in sorted(m["forms"].items()):
             for rel, info in sorted(form_files(name, form).items()):
                 rows.append({"model": name, "form": form, "dtype": f["dtype"], "file": str(root / rel),
-                             "size": info["size"], "sha256": info["sha256"]})
+                             "size": info["size"], "sha256": info["sha256"], **mark})
     return rows
 
 
 def format_listing(rows: list[dict]) -> str:
     lines = [f"{'model':<14} {'form':<10} {'size':>12}  sha256{' ' * 60}file"]
     for r in rows:
-        lines.append(f"{r['model']:<14} {r['form']:<10} {r['size']:>12}  {r['sha256']:<66}{r['file']}")
+        model = f"{r['model']} (yours)" if "user" in r else r["model"]
+        lines.append(f"{model:<14} {r['form']:<10} {r['size']:>12}  {r['sha256']:<66}{r['file']}")
     return "\n".join(lines)

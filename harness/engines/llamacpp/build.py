@@ -94,9 +94,13 @@ class UserBuild:
             else f"bin {self.bin}"
 
 
+PINNED = "pinned"  # `source: pinned`: the pinned build's own tree, so that a grid can vary its flags alone
+
+
 class BuildOption(BaseModel):
-    """An arm's `options.build`: exactly one of source (a llama.cpp tree) or bin (prebuilt binaries); paths
-    relative to the grid file's folder, `~` expanded; flags: extra cmake flags for a source build."""
+    """An arm's `options.build`: exactly one of source (a llama.cpp tree, or `pinned`) or bin (prebuilt
+    binaries); paths relative to the grid file's folder, `~` expanded; flags: extra cmake flags for a source
+    build."""
     model_config = ConfigDict(extra="forbid", frozen=True)
     source: str | None = None
     bin: str | None = None
@@ -118,14 +122,18 @@ def user_build_of(grid_path: str, opt: "BuildOption | None") -> UserBuild | None
     if opt is None:
         return None
     base = Path(grid_path).resolve().parent
+
     def where(p: str) -> Path:
+        if p == PINNED:
+            with user_build(None), variant(None):
+                return source_dir()
         return (base / Path(p).expanduser()).resolve()
     return UserBuild(source=where(opt.source) if opt.source else None, bin=where(opt.bin) if opt.bin else None,
                      flags=tuple(opt.flags))
 
 
 _USER: contextvars.ContextVar[UserBuild | None] = contextvars.ContextVar("llamacpp_user_build", default=None)
-SKIP_IN_TREE = {".git", "build", "models", "__pycache__"}  # what a tree's hash and the build's copy leave out
+SKIP_IN_TREE = {".git", "__pycache__"}  # what a tree's hash and the build's copy leave out (and build* folders)
 
 
 @contextlib.contextmanager
@@ -142,7 +150,7 @@ def _tree_files(root: Path) -> list[Path]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):  # links to folders are not followed
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_IN_TREE and not d.startswith("build"))
-        out += [Path(dirpath) / f for f in sorted(filenames)]
+        out += [Path(dirpath) / f for f in sorted(filenames) if f not in SKIP_IN_TREE]
     return out
 
 
