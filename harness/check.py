@@ -764,9 +764,12 @@ def _check(paths: Iterable[str], verify_models: bool, allow_unknown_commit: bool
             rel = where[len(prefix):] if where.startswith(prefix) else os.path.relpath(where, root)
             try:
                 st = os.lstat(where)
-                hit = cache.get(rel, stamp(st)) if stat.S_ISREG(st.st_mode) else None
             except OSError:
+                st = None
+            if st is None or not stat.S_ISREG(st.st_mode):  # gone, or replaced since the walk: checked, not kept
                 cache = None
+            else:
+                hit = cache.get(rel, stamp(st))
         if isinstance(hit, list) and len(hit) == 2:
             results.append(([f"{where}: {line}" for line in hit[0]] if hit[0] else [], hit[1]))
         else:
