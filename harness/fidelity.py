@@ -105,8 +105,8 @@ def load_grid(path: str | Path) -> FidelityGrid:
     only_fields(sp, "", doc, TOP_FIELDS)
     name = grid_name(sp, doc.get("name"))
     model = doc.get("model")
-    if model not in models.MODELS:
-        raise _err(sp, "model", f"unknown model {model!r}", f"known: {', '.join(sorted(models.MODELS))}")
+    if not models.known(model):  # the zoo's, or yours registered by `harness models add`
+        raise _err(sp, "model", f"unknown model {model!r}", f"known: {', '.join(models.known_names())}")
     if models.is_synthetic(model):
         raise _err(sp, "model", f"{model}: synthetic weights: speed only (random weights have no outputs to keep)",
                    f"check fidelity on a real model: {', '.join(m for m in models.default_models() if m != 'tiny-llama')}")

@@ -276,7 +276,7 @@ def build_synthetic(work: Path, name: str, shape: dict, forms: tuple[str, ...] =
 
 
 def is_synthetic(name: str) -> bool:
-    return name in SYNTHETIC_SHAPES
+    return name in SYNTHETIC_SHAPES or (name in USER and USER[name].kind == "synthetic")
 
 
 def default_models() -> list[str]:

@@ -23,7 +23,9 @@ from harness.errors import UserError
 from harness.paths import cache_root
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-KINDS = ("gguf", "hf")
+KINDS = ("gguf", "hf", "synthetic")
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim")
 GGUF_MAGIC = b"GGUF"
 # Architectures whose GGUF transformers can dequantize into a model (so vLLM gets hf-* forms of it), as the
 # pinned transformers maps them (transformers.integrations.ggml.GGUF_CONFIG_MAPPING), decoder LLMs only.
@@ -34,7 +36,7 @@ USER_RECIPE = 1  # bump when a user model's derivation changes its output
 @dataclass(frozen=True)
 class UserModel:
     name: str
-    kind: str  # gguf | hf
+    kind: str  # gguf | hf | synthetic (path: the config.json whose shape it takes)
     path: Path
     sha256: str | None = None  # the pin, if given
 
@@ -71,14 +73,22 @@ def save_registry(models: dict[str, UserModel]) -> None:
 def from_mapping(grid_path: str, fld: str, v: dict) -> UserModel:
     """A grid's `model:` mapping, checked: one line naming the grid file and field otherwise."""
     where = f"{grid_path}: {fld}"
-    unknown = sorted(set(v) - {"name", "gguf", "hf", "sha256"})
+    unknown = sorted(set(v) - {"name", "sha256", *KINDS})
     if unknown:
-        raise UserError(where, f"unknown key {unknown[0]!r}", "a model is {name, gguf: PATH | hf: DIR, sha256}")
+        raise UserError(where, f"unknown key {unknown[0]!r}", "a model is {name, gguf: PATH | hf: DIR | synthetic: "
+                        "{config: PATH}, sha256}")
     name, kinds = v.get("name"), [k for k in KINDS if k in v]
     if not isinstance(name, str) or not NAME.match(name):
         raise UserError(where, f"name: {name!r} is not a model name", "lower-case letters, digits, '.', '_', '-'")
+    if len(kinds) == 1 and kinds[0] == "synthetic":
+        syn = v["synthetic"]
+        if not isinstance(syn, dict) or set(syn) != {"config"} or not isinstance(syn["config"], str):
+            raise UserError(where, "synthetic: must be {config: PATH} (a config.json)", "e.g. {name: my-1b-shape, "
+                            "synthetic: {config: shapes/llama-3.2-1b.json}}")
+        v = {**v, "synthetic": syn["config"]}
     if len(kinds) != 1 or not isinstance(v[kinds[0]], str):
-        raise UserError(where, "give exactly one of gguf: PATH and hf: DIR", "e.g. {name: mine, gguf: model.gguf}")
+        raise UserError(where, "give exactly one of gguf: PATH, hf: DIR and synthetic: {config: PATH}",
+                        "e.g. {name: mine, gguf: model.gguf}")
     pin = v.get("sha256")
     if pin is not None and not (isinstance(pin, str) and re.fullmatch(r"[0-9a-f]{64}", pin)):
         raise UserError(where, f"sha256: {pin!r} is not 64 hex digits", "pin the file's sha256 (sha256sum FILE)")
@@ -95,6 +105,8 @@ def check_source(um: UserModel, where: str) -> None:
         info = gguf_info(um.path, where)
         if info["architecture"] is None:
             raise UserError(where, f"{um.path}: no general.architecture in its metadata", "give a model's GGUF")
+    elif um.kind == "synthetic":
+        synthetic_shape(um, where)
     else:
         if not um.path.is_dir():
             raise UserError(where, f"{um.path} is not a directory", "give a Hugging Face model folder")
@@ -107,6 +119,39 @@ def check_source(um: UserModel, where: str) -> None:
         if got != um.sha256:
             raise UserError(where, f"sha256: {um.path} is {got}, the pin is {um.sha256}",
                             "these are not the pinned weights: fetch them again, or update the pin")
+
+
+SYNTHETIC_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+def synthetic_shape(um: UserModel, where: str) -> dict[str, int]:
+    """A Llama/Mistral/Qwen2-style config.json's shape (what a synthetic model takes of it: the rest, tokenizer
+    and vocabulary included, is SmolLM2-135M's, as for the built-in synthetic shapes); refused, with the
+    numbers, when its fp32 weights cannot fit in this machine's available memory."""
+    try:
+        cfg = json.loads(um.path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(where, f"{um.path}: unreadable config.json ({type(e).__name__})", "give a model's "
+                        "config.json") from None
+    if not isinstance(cfg, dict):
+        raise UserError(where, f"{um.path}: not a JSON object", "give a model's config.json")
+    arch = (cfg.get("architectures") or ["?"])[0]
+    if arch not in SYNTHETIC_ARCHS:
+        raise UserError(where, f"{um.path}: architecture {arch} (synthetic shapes are built as Llama)",
+                        f"give a config of {', '.join(SYNTHETIC_ARCHS)}")
+    shape = {k: cfg[k] for k in SHAPE_KEYS if k in cfg}
+    missing = [k for k in SHAPE_KEYS[:5] if not isinstance(shape.get(k), int) or shape[k] <= 0]
+    if missing:
+        raise UserError(where, f"{um.path}: {missing[0]} missing or not a positive integer", "give a full config")
+    shape.setdefault("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
+    from harness import models
+    params = models.matmul_parameters(shape) + 2 * 49152 * shape["hidden_size"]  # + SmolLM2's vocabulary
+    from harness.probe import meminfo
+    avail = meminfo().get("available_bytes") or 0
+    if avail and 4 * params > avail:
+        raise UserError(where, f"{um.path}: {params / 1e9:.2f}B parameters need {4 * params / 2**30:.1f} GiB in fp32 "
+                        f"to build, this machine has {avail / 2**30:.1f} GiB available", "give a smaller shape")
+    return shape
 
 
 def gguf_info(path: Path, where: str) -> dict[str, Any]:
@@ -220,7 +265,7 @@ def source_sha256(um: UserModel) -> str:
     from harness.hashcache import HashCache
     cache = HashCache.default()
     try:
-        if um.kind == "gguf":
+        if um.kind in ("gguf", "synthetic"):
             return cache.sha256(um.path)
         lines = [f"{p.relative_to(um.path)} {cache.sha256(p)}\n" for p in sorted(um.path.rglob("*")) if p.is_file()]
         return hashlib.sha256("".join(lines).encode()).hexdigest()
@@ -229,6 +274,11 @@ def source_sha256(um: UserModel) -> str:
 
 
 def key_inputs(um: UserModel) -> dict[str, Any]:
+    if um.kind == "synthetic":
+        from harness import models
+        shape = synthetic_shape(um, str(um.path))
+        return {"synthetic": {"shape": shape, "std": models.SYNTHETIC_STD, "forms": list(models.SYNTHETIC_FORMS),
+                              "seed": models.synthetic_seed(um.name), "builder": models.SYNTHETIC_BUILDER}}
     return {"user": {"kind": um.kind, "sha256": source_sha256(um), "recipe": USER_RECIPE}}
 
 
@@ -241,6 +291,10 @@ def build(um: UserModel, work: Path) -> dict[str, Any]:
     import sys
 
     from harness import models
+    if um.kind == "synthetic":  # the built-in synthetic shapes' builder, on this config's shape
+        info = models.build_synthetic(work, um.name, synthetic_shape(um, str(um.path)))
+        info["source"] = {**info["source"], "shape_of": str(um.path), "config_sha256": source_sha256(um)}
+        return info
     src = {"user_source": str(um.path), "kind": um.kind, "sha256": source_sha256(um)}
     forms: dict[str, dict] = {}
     (work / "gguf").mkdir(parents=True)

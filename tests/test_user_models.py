@@ -122,3 +122,27 @@ def test_a_bad_model_by_path_is_one_line_exit_2(tmp_path, cli, model, says):
     rc, _, err = cli("plan", _grid(tmp_path, model))
     assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
     assert "own.yaml" in err or "model" in err
+
+
+def test_a_synthetic_shape_from_a_config_is_planned_and_marked_synthetic(tmp_path, cli):
+    cfg = {"architectures": ["LlamaForCausalLM"], **{k: v for k, v in SHAPE.items() if k in usermodels.SHAPE_KEYS}}
+    (tmp_path / "shape.json").write_text(json.dumps(cfg))
+    rc, _, err = cli("plan", _grid(tmp_path, "{name: my-shape, synthetic: {config: shape.json}}"))
+    assert rc == 0, err
+    assert models.is_synthetic("my-shape") and models.known("my-shape")
+    committed = Path(__file__).resolve().parent.parent / "grids" / "shapes" / "llama-3.2-1b.json"
+    shape = usermodels.synthetic_shape(usermodels.UserModel("l1b", "synthetic", committed), "x")
+    assert shape == {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64}
+
+
+@pytest.mark.parametrize("cfg, says", [
+    ({"architectures": ["GPT2LMHeadModel"], "hidden_size": 64}, "architecture GPT2LMHeadModel"),
+    ({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}, "intermediate_size missing"),
+    ({"architectures": ["LlamaForCausalLM"], "hidden_size": 65536, "intermediate_size": 262144,
+      "num_hidden_layers": 512, "num_attention_heads": 512, "num_key_value_heads": 512}, "GiB in fp32 to build"),
+])
+def test_a_bad_synthetic_config_is_one_line_exit_2(tmp_path, cli, cfg, says):
+    (tmp_path / "shape.json").write_text(json.dumps(cfg))
+    rc, _, err = cli("plan", _grid(tmp_path, "{name: my-shape, synthetic: {config: shape.json}}"))
+    assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
