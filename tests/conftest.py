@@ -39,3 +39,29 @@ passes: 4
 repetitions: 2
 warmups: 1
 """
+
+
+# One fresh process that imports vLLM (seconds on 2 cores) and reports what several tests ask of it: the pinned
+# environment (vLLM and a transformers model beside the CPU torch), the runtime's patch manifest (every detector's
+# verdict on the installed vLLM, computed before anything is installed) and what step attribution wraps in it.
+VLLM_PROCESS = """
+import json, torch, vllm
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaForCausalLM
+LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
+                             vocab_size=32))
+from runtime import attribution, patches
+manifest = patches.manifest()
+print(json.dumps({"vllm": vllm.__version__, "torch": torch.__version__, "manifest": manifest,
+                  "attribution": attribution.install()}))
+"""
+
+
+@pytest.fixture(scope="session")
+def vllm_process():
+    import json
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", VLLM_PROCESS], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
