@@ -101,9 +101,9 @@ LAUGHS = "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("ab
 def test_billion_laughs_refused_fast(tmp_path):
     text = GRID + "description: &a lol\n" + "workload_x:\n" + "".join("  " + line + "\n" for line in
                                                                      LAUGHS.splitlines())
-    t = time.monotonic()
+    t = time.process_time()
     _refused(tmp_path, text, "more than 100,000 values once its aliases are expanded")
-    assert time.monotonic() - t < 1.0
+    assert time.process_time() - t < 1.0
 
 
 def test_too_many_aliases_refused(tmp_path):
@@ -200,10 +200,10 @@ def test_rule_value_true_is_not_threads_1():
 def test_a_billion_passes_refused_fast_with_the_numbers(tmp_path, cli):
     p = tmp_path / "g.yaml"
     p.write_text(GRID.replace("passes: 4", "passes: 1000000000"))
-    t = time.monotonic()
+    t = time.process_time()
     err = _one_line_exit_2(cli, p, "1 cells (no axes) x 2 arms x 1,000,000,000 passes = 2,000,000,000 runs",
                            f"more than the {grid.MAX_RUNS:,}", "split it")
-    assert time.monotonic() - t < 1.0, err
+    assert time.process_time() - t < 1.0, err
 
 
 def test_two_million_runs_refused_before_expansion(monkeypatch):
@@ -223,19 +223,19 @@ def test_too_many_cells_refused_before_expansion(monkeypatch):
 
 def test_a_grid_at_the_limits_plans_in_seconds():
     spec = _spec(passes=5, axes={"prompt_len": list(range(1, 101)), "gen_len": list(range(1, 101))})
-    t = time.monotonic()
+    t = time.process_time()  # this process's CPU time: other work on a loaded machine does not count
     runs = schedule.schedule(spec)
     schedule.format_plan(spec, runs)
-    assert len(runs) == grid.MAX_RUNS and time.monotonic() - t < 3.0
+    assert len(runs) == grid.MAX_RUNS and time.process_time() - t < 3.0
 
 
 def test_many_passes_within_the_limit_plan_fast():
     # two arms: the signed-rank distribution of 2000 passes is cubic to build; arm orders per pass quadratic
     spec = _spec(passes=2000)
-    t = time.monotonic()
+    t = time.process_time()
     runs = schedule.schedule(spec)
     text = schedule.format_plan(spec, runs)
-    assert len(runs) == 4000 and "warning" not in text and time.monotonic() - t < 1.0
+    assert len(runs) == 4000 and "warning" not in text and time.process_time() - t < 1.0
 
 
 def test_rules_times_cells_bounded():
