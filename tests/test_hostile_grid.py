@@ -367,10 +367,11 @@ def test_bad_grid_name_via_cli_is_exit_2_one_line(tmp_path, cli):
 
 def test_model_given_as_a_mapping_is_one_line(tmp_path, cli):
     p = tmp_path / "g.yaml"
-    p.write_text(GRID.replace("name: g\n", "name: g\nmodel: {name: x, gguf: /tmp/x.gguf}\n"))
-    _one_line_exit_2(cli, p, "model: a model given as a mapping (by name and path) is not supported yet",
-                     "register the model in the zoo")
-    with pytest.raises(UserError, match="axes.model: a model given as a mapping"):
+    missing = tmp_path / "missing.gguf"
+    p.write_text(GRID.replace("name: g\n", f"name: g\nmodel: {{name: x, gguf: {missing}}}\n"))
+    # a model by path is a grid's own (#32): a path that is not there is refused in one line, with the fix
+    _one_line_exit_2(cli, p, f"model.gguf: {missing}: No such file or directory", "give an existing GGUF file")
+    with pytest.raises(UserError, match="axes.model: takes model names"):
         _spec(axes={"model": [{"name": "x"}]})
     with pytest.raises(UserError, match=r"arms\[0\].engine: unknown engine \{'x': 1\}"):
         _spec(arms=[{"engine": {"x": 1}}])
