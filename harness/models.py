@@ -6,6 +6,7 @@ records every file's size and sha256. Corruption is reported, and repaired only 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -68,10 +69,20 @@ def _run(cmd: list[str], what: str, env: dict | None = None) -> None:
         raise UserError(what, f"exited {r.returncode}: {tail}", "see the message; `harness models prepare --rebuild` retries")
 
 
+def _pinned():
+    """The pinned native llama.cpp build, whatever ISA variant or user build is in effect: models are made by it."""
+    from harness.engines.llamacpp import build as llamacpp_build
+    stack = contextlib.ExitStack()
+    stack.enter_context(llamacpp_build.variant(None))
+    stack.enter_context(llamacpp_build.user_build(None))
+    return stack
+
+
 def _convert_env() -> dict:
     from harness.engines.llamacpp import build as llamacpp_build
     env = dict(os.environ)
-    gguf_py = str(llamacpp_build.source_dir() / "gguf-py")
+    with _pinned():
+        gguf_py = str(llamacpp_build.source_dir() / "gguf-py")
     env["PYTHONPATH"] = gguf_py + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
@@ -79,14 +90,17 @@ def _convert_env() -> dict:
 
 def _convert_gguf(hf_dir: Path, out: Path, outtype: str) -> None:
     from harness.engines.llamacpp import build as llamacpp_build
-    script = llamacpp_build.source_dir() / "convert_hf_to_gguf.py"
+    with _pinned():
+        script = llamacpp_build.source_dir() / "convert_hf_to_gguf.py"
     _run([sys.executable, str(script), str(hf_dir), "--outfile", str(out), "--outtype", outtype],
          f"convert_hf_to_gguf.py --outtype {outtype}", env=_convert_env())
 
 
 def _quantize(src: Path, out: Path, qtype: str) -> None:
     from harness.engines.llamacpp import build as llamacpp_build
-    _run([str(llamacpp_build.binary("llama-quantize")), str(src), str(out), qtype], f"llama-quantize {qtype}")
+    with _pinned():
+        exe = str(llamacpp_build.binary("llama-quantize"))
+    _run([exe, str(src), str(out), qtype], f"llama-quantize {qtype}")
 
 
 def _hf_from_gguf(gguf_path: Path, out_fp32: Path, out_bf16: Path) -> dict:
@@ -368,7 +382,7 @@ def get_def(name: str) -> ModelDef:
 def model_key(name: str) -> str:
     """Cache key: the model's inputs (wheel hash, llama.cpp build) and the recipe version."""
     from harness.engines.llamacpp import build as llamacpp_build
-    with llamacpp_build.variant(None):  # models are made by the native build, whatever variant runs them
+    with _pinned():  # models are made by the pinned native build, whatever variant or user build runs them
         code = llamacpp_build.code_key()
     inputs = {"name": name, "recipe": RECIPE_VERSION, "wheel": SMOL_WHEEL_SHA256,
               llamacpp_build.TOOL_KEY: code, "tiny": TINY_CONFIG if name == "tiny-llama" else None}

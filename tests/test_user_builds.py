@@ -165,3 +165,11 @@ def test_another_vllm_environment_reports_itself(tmp_path):
     assert theirs["build"]["wheel_record_sha256"] == mine["build"]["wheel_record_sha256"]
     assert theirs["build"]["torch_record_sha256"] == mine["build"]["torch_record_sha256"]
     assert theirs["build"]["runtime_plugin"] is True and other in theirs["build_commit"]
+
+
+def test_models_are_keyed_and_made_by_the_pinned_build_whatever_build_runs_them(tmp_path):
+    """A run under a user build looks its model up under the pinned build's key (the zoo is made by it)."""
+    from harness import models
+    outside, pinned = models.model_dir("tiny-llama"), llamacpp_build.build_key()
+    with llamacpp_build.user_build(llamacpp_build.UserBuild(source=_fake_tree(tmp_path / "tree"))):
+        assert llamacpp_build.build_key() != pinned and models.model_dir("tiny-llama") == outside
