@@ -54,15 +54,33 @@ def _sleeps(duration: str) -> list[int]:
     return out
 
 
+def _exited(pids: list[int], within_s: float) -> list[int]:
+    """Those of pids still alive after waiting on their pidfds (the kernel says when each exits: no clock is
+    polled; within_s only bounds a wait that would otherwise hang)."""
+    import select
+    fds = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue  # already gone
+    deadline = time.monotonic() + within_s
+    try:
+        while fds and (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(list(fds), [], [], left)
+            for fd in ready:
+                os.close(fd)
+                fds.pop(fd)
+        return [pid for pid in fds.values() if _state(pid) not in (None, "Z", "X")]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _gone(duration: str, within_s: float = 3.0) -> bool:
-    """Whether no `sleep <duration>` is alive, waiting at most within_s (the kill is synchronous; the wait only
-    absorbs a loaded machine)."""
-    deadline = time.time() + within_s
-    while _sleeps(duration):
-        if time.time() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    """Whether no `sleep <duration>` is alive, waiting at most within_s for those alive now to exit (the kill is
+    synchronous; the wait only absorbs a loaded machine)."""
+    return not _exited(_sleeps(duration), within_s)
 
 
 def _cleanup(duration: str) -> None:
@@ -142,32 +160,37 @@ def test_stdout_held_open_by_a_background_child_is_an_ok_run_ended_at_exit():
 
 def test_kill_9_of_the_runner_kills_its_commands_grandchildren(tmp_path):
     d = _duration()
+    import select
     ready = tmp_path / "ready"
+    os.mkfifo(ready)
+    # the setsid'd grandchild says its pid through a FIFO, then becomes `sleep` (same pid): no clock is polled
     script = textwrap.dedent(f"""
         import os, sys
         from harness.engines.base import run_process
-        run_process(["/bin/sh", "-c", "(setsid sleep {d} &); touch {ready}; sleep 120"], dict(os.environ), 120)
+        run_process(["/bin/sh", "-c", "(setsid sh -c 'echo $$ > {ready}; exec sleep {d}' &); sleep 120"],
+                    dict(os.environ), 120)
     """)
+    reader = os.open(ready, os.O_RDWR | os.O_NONBLOCK)  # a writer always open: select waits for data, not EOF
     runner = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    runner_fd = os.pidfd_open(runner.pid)
     mine = f"EDGE_HARNESS_RUN={runner.pid}.".encode()
     try:
-        deadline = time.time() + 60
-        while not (ready.exists() and _sleeps(d)) and time.time() < deadline and runner.poll() is None:
-            time.sleep(0.05)
-        (sleep,) = _sleeps(d)
+        got, _, _ = select.select([reader, runner_fd], [], [], 60)
+        assert got == [reader], "the grandchild never started (or the runner exited first)"
+        sleep = int(os.read(reader, 64).split()[0])
         marked = mine in Path(f"/proc/{sleep}/environ").read_bytes()
         os.kill(runner.pid, signal.SIGKILL)
         runner.wait()
-        assert _gone(d, within_s=5), "a grandchild outlived a kill -9 of its runner"
+        assert not _exited([sleep], 5), "a grandchild outlived a kill -9 of its runner"
         assert marked, "the runner's processes carry its marker"
-        deadline = time.time() + 5
-        while lifecycle.marked(lambda tags: any(t.startswith(f"{runner.pid}.") for t in tags)):
-            assert time.time() < deadline, "processes with the dead runner's marker remain"
-            time.sleep(0.05)
+        left = lifecycle.marked(lambda tags: any(t.startswith(f"{runner.pid}.") for t in tags))
+        assert not _exited(left, 5), "processes with the dead runner's marker remain"
     finally:
         if runner.poll() is None:
             runner.kill()
             runner.wait()
+        os.close(reader)
+        os.close(runner_fd)
         _cleanup(d)
 
 
@@ -181,9 +204,7 @@ def test_the_next_runner_sweeps_marked_processes_of_dead_runners():
     try:
         for tag in (stale, live):
             procs.append(subprocess.Popen(["sleep", d], env={**os.environ, lifecycle.MARK: tag}))
-        deadline = time.time() + 10
-        while len(_sleeps(d)) < 2 and time.time() < deadline:
-            time.sleep(0.02)
+        assert len(_sleeps(d)) == 2  # Popen returns once the child has exec'd: nothing to wait for
         killed = lifecycle.sweep_stale_processes()
         assert procs[0].pid in killed and procs[1].pid not in killed
         assert procs[0].wait(5) == -signal.SIGKILL and procs[1].poll() is None
