@@ -74,7 +74,8 @@ CACHE_FORMAT = 1
 
 
 def stamp(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    from harness.store import stamp as store_stamp  # defined with the store's reads (store never imports this)
+    return store_stamp(st)
 
 
 @functools.lru_cache(maxsize=1)

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from harness import usermodels
 from harness.errors import UserError
 from harness.paths import downloads_dir, models_root, sha256_file
+from harness.usermodels import matmul_parameters  # noqa: F401 (the zoo's shapes use it; its home is the lower layer)
 
 RECIPE_VERSION = 1  # bump when a derivation step changes its output
 
@@ -309,16 +311,6 @@ MODELS: dict[str, ModelDef] = {
 }
 
 
-def matmul_parameters(config: dict) -> int:
-    """Weights a prompt token is multiplied with in prefill: every decoder layer's projections. The token
-    embedding is a lookup, and the output head runs for the last prompt token only."""
-    h, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
-    hd = config.get("head_dim") or h // config["num_attention_heads"]
-    q = config["num_attention_heads"] * hd
-    kv = config["num_key_value_heads"] * hd
-    return layers * (h * q + 2 * h * kv + q * h + 3 * h * inter)
-
-
 # Per model, from its pinned config (SmolLM2-135M: 30 layers, hidden 576, 9 heads, 3 KV heads,
 # head_dim 64, intermediate 1536): the FLOP count of a prefill token is 2 x this.
 SHAPES: dict[str, dict] = {
@@ -339,6 +331,62 @@ def kv_elements_per_token(name: str) -> int | None:
     return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * hd
 
 
+def build_user(um: Any, work: Path) -> dict[str, Any]:
+    """Every form of the model, with the pinned tools: from a GGUF, the file as given (`gguf-<its type>`), hf-fp32
+    and hf-bf16 dequantized by transformers where its architecture allows, and from those gguf-f32/bf16 and
+    q8_0/q4_0; from an HF folder, the folder as given (`hf-<its dtype>`), gguf-f32/bf16 (convert_hf_to_gguf.py)
+    and q8_0/q4_0 (llama-quantize)."""
+    from harness.usermodels import GGUF_TO_HF, gguf_info, source_sha256, synthetic_shape
+    if um.kind == "synthetic":  # the built-in synthetic shapes' builder, on this config's shape
+        info = build_synthetic(work, um.name, synthetic_shape(um, str(um.path)))
+        info["source"] = {**info["source"], "shape_of": str(um.path), "config_sha256": source_sha256(um)}
+        return info
+    src = {"user_source": str(um.path), "kind": um.kind, "sha256": source_sha256(um)}
+    forms: dict[str, dict] = {}
+    (work / "gguf").mkdir(parents=True)
+    need = um.path.stat().st_size if um.kind == "gguf" else sum(p.stat().st_size for p in um.path.rglob("*")
+                                                                 if p.is_file())
+    print(f"[models] {um.name}: deriving its forms from {um.path} ({need / 2**30:.2f} GiB of source; expect ~10x "
+          "that on disk and minutes per GiB)", file=sys.stderr)
+    if um.kind == "gguf":
+        info = gguf_info(um.path, str(um.path))
+        own = info["file_type"] or "unknown"
+        shutil.copyfile(um.path, work / "gguf" / f"model-{own}.gguf")
+        forms[f"gguf-{own}"] = {"path": f"gguf/model-{own}.gguf", "format": "gguf", "dtype": own, "from": "source"}
+        if info["architecture"] not in GGUF_TO_HF:
+            return {"source": src, "architecture": [info["architecture"]], "parameters": info["parameters"],
+                    "config": info["shape"], "forms": forms,
+                    "note": f"architecture {info['architecture']}: transformers cannot dequantize it, so no hf-* forms"}
+        hf32, hf16 = work / "hf-fp32", work / "hf-bf16"
+        meta = _hf_from_gguf(work / "gguf" / f"model-{own}.gguf", hf32, hf16)
+        forms["hf-fp32"] = {"path": "hf-fp32", "format": "safetensors", "dtype": "float32", "from": f"{own} dequantized"}
+        forms["hf-bf16"] = {"path": "hf-bf16", "format": "safetensors", "dtype": "bfloat16", "from": f"{own} dequantized"}
+    else:
+        cfg = json.loads((um.path / "config.json").read_text())
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+        short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+        hf32 = work / f"hf-{short}"
+        shutil.copytree(um.path, hf32, ignore=shutil.ignore_patterns(".git", "*.gguf"))
+        forms[f"hf-{short}"] = {"path": f"hf-{short}", "format": "safetensors", "dtype": dtype, "from": "source"}
+        meta = {"parameters": None, "architecture": cfg.get("architectures") or ["unknown"]}
+        hf16 = hf32
+    for outtype, hf in (("f32", hf32), ("bf16", hf16)):
+        if f"gguf-{outtype}" not in forms:
+            _convert_gguf(hf, work / "gguf" / f"model-{outtype}.gguf", outtype)
+            forms[f"gguf-{outtype}"] = {"path": f"gguf/model-{outtype}.gguf", "format": "gguf", "dtype": outtype,
+                                        "from": hf.name}
+    for q in ("q8_0", "q4_0"):
+        if f"gguf-{q}" not in forms:
+            _quantize(work / "gguf" / "model-f32.gguf", work / "gguf" / f"model-{q}.gguf", q.upper())
+            forms[f"gguf-{q}"] = {"path": f"gguf/model-{q}.gguf", "format": "gguf", "dtype": q, "from": "gguf-f32"}
+    hf_cfg = json.loads((hf32 / "config.json").read_text())
+    params = meta["parameters"] or gguf_info(work / "gguf" / "model-f32.gguf", um.name)["parameters"]
+    return {"source": src, "architecture": meta["architecture"], "parameters": params,
+            "config": {k: hf_cfg.get(k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                   "num_attention_heads", "num_key_value_heads", "head_dim")},
+            "forms": forms}
+
+
 # Your models (harness/usermodels.py): registered by a grid's `model:` mapping or from the registry of
 # `harness models add`, then prepared and looked up as the zoo's are.
 USER: dict[str, "Any"] = {}
@@ -346,12 +394,11 @@ USER: dict[str, "Any"] = {}
 
 def register(um: Any) -> str:
     """Make a user model (usermodels.UserModel) known under its name, for this process."""
-    from harness import usermodels
     if um.name in MODELS and um.name not in USER:
         raise UserError(f"model {um.name}", "is the name of a zoo model", "give your model another name")
     USER[um.name] = um
     MODELS[um.name] = ModelDef(um.name, f"your model: {um.kind} {um.path}", str(um.path),
-                               lambda work, u=um: usermodels.build(u, work))
+                               lambda work, u=um: build_user(u, work))
     return um.name
 
 
@@ -360,7 +407,6 @@ def known(name: Any) -> bool:
     if not isinstance(name, str):
         return False
     if name not in MODELS:
-        from harness import usermodels
         um = usermodels.load_registry().get(name)
         if um is None:
             return False
@@ -369,7 +415,6 @@ def known(name: Any) -> bool:
 
 
 def known_names() -> list[str]:
-    from harness import usermodels
     return sorted(set(MODELS) | set(usermodels.load_registry()))
 
 
@@ -386,9 +431,13 @@ def model_key(name: str) -> str:
         code = llamacpp_build.code_key()
     inputs = {"name": name, "recipe": RECIPE_VERSION, "wheel": SMOL_WHEEL_SHA256,
               llamacpp_build.TOOL_KEY: code, "tiny": TINY_CONFIG if name == "tiny-llama" else None}
-    if name in USER:  # the source's content, not its path: the same file anywhere is the same model
-        from harness import usermodels
-        inputs.update(usermodels.key_inputs(USER[name]))
+    um = USER.get(name)
+    if um is not None and um.kind == "synthetic":  # a config's shape: keyed as the built-in synthetic shapes are
+        inputs["synthetic"] = {"shape": usermodels.synthetic_shape(um, str(um.path)), "std": SYNTHETIC_STD,
+                               "forms": list(SYNTHETIC_FORMS), "seed": synthetic_seed(name),
+                               "builder": SYNTHETIC_BUILDER}
+    elif um is not None:  # the source's content, not its path: the same file anywhere is the same model
+        inputs.update(usermodels.key_inputs(um))
     if name in SYNTHETIC_SHAPES:  # (only for them: the real models' keys, and caches, stay as they were)
         inputs["synthetic"] = {"shape": SYNTHETIC_SHAPES[name], "std": SYNTHETIC_STD, "forms": list(SYNTHETIC_FORMS),
                                "seed": synthetic_seed(name), "builder": SYNTHETIC_BUILDER}
@@ -517,7 +566,10 @@ def model_block(name: str, form: str) -> dict:
         raise UserError(f"model {name}", f"form {form!r} is not a form of it", f"known: {', '.join(sorted(m['forms']))}")
     f = m["forms"][form]
     files = form_files(name, form)
-    return {"name": name, "form": form, "source": m["source"], "format": f["format"], "dtype": f["dtype"],
+    source = m["source"]
+    if name in USER and "user_source" in source:  # prepared from the same content elsewhere: this run's path
+        source = {**source, "user_source": str(USER[name].path)}
+    return {"name": name, "form": form, "source": source, "format": f["format"], "dtype": f["dtype"],
             "parameters": m["parameters"],
             "files": [{"path": rel, "size": i["size"], "sha256": i["sha256"]} for rel, i in sorted(files.items())]}
 

@@ -65,11 +65,15 @@ def read_bytes(path: Path, limit: int = MAX_ARTIFACT_BYTES, fix: str = "remove i
 _NOT_BRACKET = bytes(c for c in range(256) if c not in b"[]{}")
 
 
+def stamp(st: os.stat_result) -> list[int]:
+    """What a verification cache keys a file by: size, mtime, ctime (which its owner cannot set), inode, device."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
 def read_if_unchanged(path: Path, want: list[int]) -> bytes | None:
-    """A store file's bytes, if its stamp (harness.hashcache.stamp) is `want` on the open file before and after
-    it is read: the bytes a verification cache entry of that stamp vouches for. None otherwise, on any error, or
-    for what read_bytes refuses (a link, a FIFO, more than MAX_ARTIFACT_BYTES)."""
-    from harness.hashcache import stamp
+    """A store file's bytes, if its stamp is `want` on the open file before and after it is read: the bytes a
+    verification cache entry of that stamp vouches for. None otherwise, on any error, or for what read_bytes
+    refuses (a link, a FIFO, more than MAX_ARTIFACT_BYTES)."""
     try:
         fd = os.open(path, _O_READ)
     except OSError:

@@ -124,6 +124,16 @@ def check_source(um: UserModel, where: str) -> None:
 SYNTHETIC_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
+def matmul_parameters(config: dict) -> int:
+    """Weights a prompt token is multiplied with in prefill: every decoder layer's projections. The token
+    embedding is a lookup, and the output head runs for the last prompt token only."""
+    h, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    hd = config.get("head_dim") or h // config["num_attention_heads"]
+    q = config["num_attention_heads"] * hd
+    kv = config["num_key_value_heads"] * hd
+    return layers * (h * q + 2 * h * kv + q * h + 3 * h * inter)
+
+
 def synthetic_shape(um: UserModel, where: str) -> dict[str, int]:
     """A Llama/Mistral/Qwen2-style config.json's shape (what a synthetic model takes of it: the rest, tokenizer
     and vocabulary included, is SmolLM2-135M's, as for the built-in synthetic shapes); refused, with the
@@ -144,8 +154,7 @@ def synthetic_shape(um: UserModel, where: str) -> dict[str, int]:
     if missing:
         raise UserError(where, f"{um.path}: {missing[0]} missing or not a positive integer", "give a full config")
     shape.setdefault("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
-    from harness import models
-    params = models.matmul_parameters(shape) + 2 * 49152 * shape["hidden_size"]  # + SmolLM2's vocabulary
+    params = matmul_parameters(shape) + 2 * 49152 * shape["hidden_size"]  # + SmolLM2's vocabulary
     from harness.probe import meminfo
     avail = meminfo().get("available_bytes") or 0
     if avail and 4 * params > avail:
@@ -274,68 +283,6 @@ def source_sha256(um: UserModel) -> str:
 
 
 def key_inputs(um: UserModel) -> dict[str, Any]:
-    if um.kind == "synthetic":
-        from harness import models
-        shape = synthetic_shape(um, str(um.path))
-        return {"synthetic": {"shape": shape, "std": models.SYNTHETIC_STD, "forms": list(models.SYNTHETIC_FORMS),
-                              "seed": models.synthetic_seed(um.name), "builder": models.SYNTHETIC_BUILDER}}
+    """A GGUF's or HF folder's part of its cache key: its content and the recipe (a synthetic shape's is the
+    built-in synthetic models' key, harness.models.model_key)."""
     return {"user": {"kind": um.kind, "sha256": source_sha256(um), "recipe": USER_RECIPE}}
-
-
-def build(um: UserModel, work: Path) -> dict[str, Any]:
-    """Every form of the model, with the pinned tools: from a GGUF, the file as given (`gguf-<its type>`), hf-fp32
-    and hf-bf16 dequantized by transformers where its architecture allows, and from those gguf-f32/bf16 and
-    q8_0/q4_0; from an HF folder, the folder as given (`hf-<its dtype>`), gguf-f32/bf16 (convert_hf_to_gguf.py)
-    and q8_0/q4_0 (llama-quantize)."""
-    import shutil
-    import sys
-
-    from harness import models
-    if um.kind == "synthetic":  # the built-in synthetic shapes' builder, on this config's shape
-        info = models.build_synthetic(work, um.name, synthetic_shape(um, str(um.path)))
-        info["source"] = {**info["source"], "shape_of": str(um.path), "config_sha256": source_sha256(um)}
-        return info
-    src = {"user_source": str(um.path), "kind": um.kind, "sha256": source_sha256(um)}
-    forms: dict[str, dict] = {}
-    (work / "gguf").mkdir(parents=True)
-    need = um.path.stat().st_size if um.kind == "gguf" else sum(p.stat().st_size for p in um.path.rglob("*")
-                                                                 if p.is_file())
-    print(f"[models] {um.name}: deriving its forms from {um.path} ({need / 2**30:.2f} GiB of source; expect ~10x "
-          "that on disk and minutes per GiB)", file=sys.stderr)
-    if um.kind == "gguf":
-        info = gguf_info(um.path, str(um.path))
-        own = info["file_type"] or "unknown"
-        shutil.copyfile(um.path, work / "gguf" / f"model-{own}.gguf")
-        forms[f"gguf-{own}"] = {"path": f"gguf/model-{own}.gguf", "format": "gguf", "dtype": own, "from": "source"}
-        if info["architecture"] not in GGUF_TO_HF:
-            return {"source": src, "architecture": [info["architecture"]], "parameters": info["parameters"],
-                    "config": info["shape"], "forms": forms,
-                    "note": f"architecture {info['architecture']}: transformers cannot dequantize it, so no hf-* forms"}
-        hf32, hf16 = work / "hf-fp32", work / "hf-bf16"
-        meta = models._hf_from_gguf(work / "gguf" / f"model-{own}.gguf", hf32, hf16)
-        forms["hf-fp32"] = {"path": "hf-fp32", "format": "safetensors", "dtype": "float32", "from": f"{own} dequantized"}
-        forms["hf-bf16"] = {"path": "hf-bf16", "format": "safetensors", "dtype": "bfloat16", "from": f"{own} dequantized"}
-    else:
-        cfg = json.loads((um.path / "config.json").read_text())
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
-        short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
-        hf32 = work / f"hf-{short}"
-        shutil.copytree(um.path, hf32, ignore=shutil.ignore_patterns(".git", "*.gguf"))
-        forms[f"hf-{short}"] = {"path": f"hf-{short}", "format": "safetensors", "dtype": dtype, "from": "source"}
-        meta = {"parameters": None, "architecture": cfg.get("architectures") or ["unknown"]}
-        hf16 = hf32
-    for outtype, hf in (("f32", hf32), ("bf16", hf16)):
-        if f"gguf-{outtype}" not in forms:
-            models._convert_gguf(hf, work / "gguf" / f"model-{outtype}.gguf", outtype)
-            forms[f"gguf-{outtype}"] = {"path": f"gguf/model-{outtype}.gguf", "format": "gguf", "dtype": outtype,
-                                        "from": hf.name}
-    for q in ("q8_0", "q4_0"):
-        if f"gguf-{q}" not in forms:
-            models._quantize(work / "gguf" / "model-f32.gguf", work / "gguf" / f"model-{q}.gguf", q.upper())
-            forms[f"gguf-{q}"] = {"path": f"gguf/model-{q}.gguf", "format": "gguf", "dtype": q, "from": "gguf-f32"}
-    hf_cfg = json.loads((hf32 / "config.json").read_text())
-    params = meta["parameters"] or gguf_info(work / "gguf" / "model-f32.gguf", um.name)["parameters"]
-    return {"source": src, "architecture": meta["architecture"], "parameters": params,
-            "config": {k: hf_cfg.get(k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                   "num_attention_heads", "num_key_value_heads", "head_dim")},
-            "forms": forms}
