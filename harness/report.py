@@ -26,7 +26,7 @@ from harness.errors import UserError
 from harness.paths import PROJECT_ROOT
 from harness.probe import describe
 from harness.plotcache import PLOT_HASHES, write_plots  # noqa: F401 (cli and tests reach them here)
-from harness.store import Store, gc_paused, load_path, read_bytes
+from harness.store import Store, gc_paused, load_path
 
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged

@@ -55,10 +55,15 @@ def load_registry() -> dict[str, UserModel]:
         return {}
     try:
         doc = json.loads(p.read_text())
-        return {n: UserModel(n, r["kind"], Path(r["path"]), r.get("sha256")) for n, r in doc.items()}
+        out = {n: UserModel(n, r["kind"], Path(r["path"]), r.get("sha256")) for n, r in doc.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserError(str(p), f"unreadable model registry ({type(e).__name__})",
                         "remove it and register your models again (harness models add)") from None
+    for n, um in out.items():  # a name becomes a cache path: only a model name, of a known kind
+        if not (isinstance(n, str) and NAME.match(n)) or um.kind not in KINDS:
+            raise UserError(str(p), f"entry {n!r}: not a model name of kind {'/'.join(KINDS)}",
+                            "remove it and register the model again (harness models add)")
+    return out
 
 
 def save_registry(models: dict[str, UserModel]) -> None:

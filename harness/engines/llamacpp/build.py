@@ -332,18 +332,28 @@ def _first_line(cmd: list[str]) -> str:
 
 
 def _prebuilt_manifest(ub: UserBuild) -> dict:
-    """What a folder of prebuilt binaries is: their sha256s and llama-bench's --version (not built here)."""
-    binaries = {t: {"path": str(ub.bin / t), "sha256": sha256_file(ub.bin / t), "size": (ub.bin / t).stat().st_size}
-                for t in TARGETS if (ub.bin / t).is_file()}
+    """What a folder of prebuilt binaries is: their sha256s and llama-bench's --version (not built here);
+    hashed and asked once per process while the binaries' size, mtime and inode stay the same."""
+    stamps = tuple((t, st.st_size, st.st_mtime_ns, st.st_ino) for t in TARGETS
+                   if (ub.bin / t).is_file() and (st := (ub.bin / t).stat()))
+    return json.loads(_prebuilt(str(ub.bin), stamps))
+
+
+@lru_cache(maxsize=8)
+def _prebuilt(bindir: str, stamps: tuple) -> str:
+    ub = UserBuild(bin=Path(bindir))
+    binaries = {t: {"path": str(ub.bin / t), "sha256": sha256_file(ub.bin / t), "size": size}
+                for t, size, _, _ in stamps}
     r = subprocess.run([str(ub.bin / "llama-bench"), "--version"], capture_output=True, text=True, timeout=60)
     version = " | ".join(line.strip() for line in (r.stdout + r.stderr).splitlines() if "version" in line.lower())
     found = re.search(r"\bcommit ([0-9a-f]{6,40})\b", version) or re.search(r"\(([0-9a-f]{6,40})\)", version)
     commit = found.group(1) if found else "unknown (prebuilt)"
     key = hashlib.sha256(json.dumps({t: b["sha256"] for t, b in binaries.items()}, sort_keys=True).encode())
-    return {"engine": "llama.cpp", "source": {"prebuilt": str(ub.bin), "version_output": version or "none"},
-            "build_commit": commit, "build_key": "prebuilt-" + key.hexdigest()[:16], "flags": ["unknown (prebuilt)"],
-            "compiler": "unknown (prebuilt)", "native_isa": "unknown (prebuilt)", "binaries": binaries,
-            "built_by_harness": False}
+    return json.dumps({  # text: each caller gets a dict of its own
+        "engine": "llama.cpp", "source": {"prebuilt": str(ub.bin), "version_output": version or "none"},
+        "build_commit": commit, "build_key": "prebuilt-" + key.hexdigest()[:16], "flags": ["unknown (prebuilt)"],
+        "compiler": "unknown (prebuilt)", "native_isa": "unknown (prebuilt)", "binaries": binaries,
+        "built_by_harness": False})
 
 
 def load_manifest(verify: bool = False) -> dict:
