@@ -163,11 +163,12 @@ def test_kill_9_of_the_runner_kills_its_commands_grandchildren(tmp_path):
     import select
     ready = tmp_path / "ready"
     os.mkfifo(ready)
-    # the setsid'd grandchild says its pid through a FIFO, then becomes `sleep` (same pid): no clock is polled
+    # the setsid'd grandchild says its pid and its marker through a FIFO, then becomes `sleep` (same pid and
+    # environment): no clock is polled, and nothing reads /proc/<pid>/environ while the exec replaces it
     script = textwrap.dedent(f"""
         import os, sys
         from harness.engines.base import run_process
-        run_process(["/bin/sh", "-c", "(setsid sh -c 'echo $$ > {ready}; exec sleep {d}' &); sleep 120"],
+        run_process(["/bin/sh", "-c", "(setsid sh -c 'echo $$ $EDGE_HARNESS_RUN > {ready}; exec sleep {d}' &); sleep 120"],
                     dict(os.environ), 120)
     """)
     reader = os.open(ready, os.O_RDWR | os.O_NONBLOCK)  # a writer always open: select waits for data, not EOF
@@ -177,8 +178,9 @@ def test_kill_9_of_the_runner_kills_its_commands_grandchildren(tmp_path):
     try:
         got, _, _ = select.select([reader, runner_fd], [], [], 60)
         assert got == [reader], "the grandchild never started (or the runner exited first)"
-        sleep = int(os.read(reader, 64).split()[0])
-        marked = mine in Path(f"/proc/{sleep}/environ").read_bytes()
+        said = os.read(reader, 256).decode().split()
+        sleep = int(said[0])
+        marked = len(said) == 2 and f"EDGE_HARNESS_RUN={said[1]}".startswith(mine.decode())
         os.kill(runner.pid, signal.SIGKILL)
         runner.wait()
         assert not _exited([sleep], 5), "a grandchild outlived a kill -9 of its runner"
