@@ -39,8 +39,11 @@ venv: $(STAMP)
 llama.cpp: venv
 	@$(HARNESS) build $(if $(REBUILD),--rebuild,) > /dev/null
 
+# .models/ (ignored): the wheel's own Q4_1 GGUF under a fixed path, a link into the zoo's cache, for the
+# grids that give a model by path (grids/own-model.yaml) as a user gives theirs.
 models: venv llama.cpp
 	@$(HARNESS) models prepare
+	@mkdir -p .models && ln -sfn "$$($(HARNESS) models path smollm2-135m gguf-q4_1)" .models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 # The demo runs the quickstart grid for real on this machine, into its own store (.demo/, not the
 # published artifacts/), renders that run's report, regenerates the published report from

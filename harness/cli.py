@@ -74,6 +74,13 @@ def cmd_models_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models_path(args: argparse.Namespace) -> int:
+    """Where a prepared model (or one form of it) is: for scripts, e.g. to give one form's file to another tool."""
+    from harness import models
+    print(models.form_path(args.name, args.form) if args.form else models.model_dir(args.name))
+    return 0
+
+
 def cmd_models_list(args: argparse.Namespace) -> int:
     from harness import models, usermodels
     for name in usermodels.load_registry():
@@ -268,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--hf", help="a Hugging Face model folder (config.json and *.safetensors)")
     ma.add_argument("--sha256", help="pin the weights (the GGUF's sha256): another file is refused")
     ma.set_defaults(func=cmd_models_add)
+    mw = msub.add_parser("path", help="the folder of a prepared model, or the file (folder) of one of its forms")
+    mw.add_argument("name")
+    mw.add_argument("form", nargs="?")
+    mw.set_defaults(func=cmd_models_path)
     ml = msub.add_parser("list", help="every file of the zoo and of your registered models, with size and sha256")
     ml.add_argument("names", nargs="*")
     ml.add_argument("--json", action="store_true")

@@ -466,12 +466,13 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
         vals = axis_models if isinstance(axis_models, list) else [axis_models]
         if not vals:
             raise _err(path, "axes.model", "must list at least one model", f"known: {', '.join(sorted(MODELS))}")
-        for m in vals:
-            if isinstance(m, dict):
-                raise _err(path, "axes.model", "takes model names", "register each model by path first "
-                           "(harness models add NAME --gguf PATH), then list the names")
-            _model_name(path, "axes.model", m)
-        model = vals[0]
+        # a model given by path is registered, and the axis names it from then on
+        names_ = [_model_name(path, f"axes.model[{i}]", m) for i, m in enumerate(vals)]
+        if len(set(names_)) != len(names_):
+            raise _err(path, "axes.model", f"names a model twice: {_short(names_, 200)}", "give each model once")
+        axes_doc = {**axes_doc, "model": names_}
+        doc = {**doc, "axes": axes_doc}
+        model = names_[0]
     else:
         model = doc.get("model", "none")
         if model != "none":

@@ -98,7 +98,8 @@ def from_mapping(grid_path: str, fld: str, v: dict) -> UserModel:
     if pin is not None and not (isinstance(pin, str) and re.fullmatch(r"[0-9a-f]{64}", pin)):
         raise UserError(where, f"sha256: {pin!r} is not 64 hex digits", "pin the file's sha256 (sha256sum FILE)")
     p = Path(v[kinds[0]]).expanduser()
-    um = UserModel(name, kinds[0], p if p.is_absolute() else (Path(grid_path).resolve().parent / p), pin)
+    um = UserModel(name, kinds[0], Path(os.path.normpath(p if p.is_absolute() else Path(grid_path).resolve().parent / p)),
+                   pin)
     check_source(um, f"{where}.{kinds[0]}")
     return um
 

@@ -218,7 +218,7 @@ def test_model_axis_runs_each_cell_on_its_model(tmp_path):
 
 
 def test_model_axis_errors():
-    with pytest.raises(UserError, match="axes.model: unknown model 'nope'"):
+    with pytest.raises(UserError, match=r"axes.model\[0\]: unknown model 'nope'"):
         _spec(axes={"model": ["nope"]})
     with pytest.raises(UserError, match="both as the grid's model and as an axis"):
         _spec(model="tiny-llama", axes={"model": ["tiny-llama"]})

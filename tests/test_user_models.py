@@ -146,3 +146,40 @@ def test_a_bad_synthetic_config_is_one_line_exit_2(tmp_path, cli, cfg, says):
     (tmp_path / "shape.json").write_text(json.dumps(cfg))
     rc, _, err = cli("plan", _grid(tmp_path, "{name: my-shape, synthetic: {config: shape.json}}"))
     assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+AXIS_GRID = """
+name: own-axis
+arms: [{{name: llama.cpp, engine: llama.cpp, form: gguf-f32}}]
+axes:
+  model: {models}
+workload: {{prompt_len: 8, context_len: 256, gen_len: 4}}
+threads: 1
+passes: 1
+"""
+
+
+def test_a_model_axis_takes_models_by_path_and_names_them_in_its_cells(tmp_path, cli):
+    from harness import grid
+    shutil.copyfile(models.form_path("tiny-llama", "gguf-f32"), tmp_path / "t.gguf")
+    cfg = {"architectures": ["LlamaForCausalLM"], **{k: v for k, v in SHAPE.items() if k in usermodels.SHAPE_KEYS}}
+    (tmp_path / "shape.json").write_text(json.dumps(cfg))
+    g = tmp_path / "axis.yaml"
+    g.write_text(AXIS_GRID.format(models="[{name: ax-gguf, gguf: t.gguf}, {name: ax-shape, synthetic: {config: "
+                                  "shape.json}}, tiny-llama]"))
+    cells = {c.params["model"] for c in grid.expand(grid.load(g))}
+    assert cells == {"ax-gguf", "ax-shape", "tiny-llama"}
+    assert models.USER["ax-gguf"].path == tmp_path / "t.gguf" and models.is_synthetic("ax-shape")
+    g.write_text(AXIS_GRID.format(models="[{name: ax-gguf, gguf: t.gguf}, {name: ax-gguf, gguf: t.gguf}]"))
+    rc, _, err = cli("plan", g)
+    assert rc == 2 and "axes.model" in err and "names a model twice" in err, err
+    g.write_text(AXIS_GRID.format(models="[{name: ax-gone, gguf: gone.gguf}]"))
+    rc, _, err = cli("plan", g)
+    assert rc == 2 and "axes.model[0]" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_models_path_names_a_prepared_form(cli):
+    rc, out, _ = cli("models", "path", "tiny-llama", "gguf-f32")
+    assert rc == 0 and Path(out.strip()) == models.form_path("tiny-llama", "gguf-f32") and Path(out.strip()).is_file()
+    rc, _, err = cli("models", "path", "tiny-llama", "gguf-nope")
+    assert rc == 2 and "unknown form" in err
