@@ -364,12 +364,37 @@ def consistency_problems(a: Any, where: str) -> list[str]:
     out = _timing_problems(a, where)
     if hasattr(a, "execution"):
         out += _affinity_problems(a, where)
+    if hasattr(a, "engine") and isinstance(a.engine.build, dict):
+        out += _build_problems(a.engine.build, where)
     if a.kind == "run":
         out += _cell_problems(a, where)
         out += _settings_problems(a, where)
         if a.status == "ok":
             out += _sample_problems(a, where)
     return out
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _build_problems(b: dict, where: str) -> list[str]:
+    """The build that ran, as the engine recorded it: every content hash it names is a sha256, and a run of
+    prebuilt binaries ran the binary whose hash the build lists (two arms of two builds differ by these)."""
+    out = [f"{where}: engine.build.{k}: {_short(b[k])} is not a sha256" for k in ("binary_sha256", "tree_sha256",
+           "sdist_sha256") if k in b and not (isinstance(b[k], str) and _SHA256.fullmatch(b[k]))]
+    listed = b.get("binaries_sha256")
+    if listed is not None:
+        if not isinstance(listed, dict) or not all(isinstance(v, str) and _SHA256.fullmatch(v) for v in listed.values()):
+            out.append(f"{where}: engine.build.binaries_sha256: must map each binary to its sha256")
+        elif isinstance(b.get("binary"), str) and b["binary"] in listed and listed[b["binary"]] != b.get("binary_sha256"):
+            out.append(f"{where}: engine.build.binary_sha256: {_short(b.get('binary_sha256'))}, but the build lists "
+                       f"{b['binary']} as {listed[b['binary']]}: the run did not use the build it names")
+    return out
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 def _instant(ts: str) -> datetime:
@@ -627,10 +652,14 @@ def _request_figure_problems(a: Any, where: str, counted: dict[str, str]) -> lis
     return out
 
 
+def _users_model(a: Any) -> bool:
+    """A user's model (given by path, or a synthetic shape from a config): another machine may not know it."""
+    return isinstance(a.model.source, dict) and ("user_source" in a.model.source or "shape_of" in a.model.source)
+
+
 def _check_model_files(a: Any, where: str) -> list[str]:
-    user = isinstance(a.model.source, dict) and "user_source" in a.model.source
     return [f"{where}: {p}" for p in _model_file_problems(a.model.name, tuple((f.path, f.sha256) for f in a.model.files),
-                                                          user)]
+                                                          _users_model(a))]
 
 
 @lru_cache(maxsize=256)
@@ -713,7 +742,7 @@ def _check_file(f: Path, allow_unknown_commit: bool) -> tuple[list[str], dict | 
         return problems, None
     rec: dict[str, Any] = {"id": doc.get("id")}
     if getattr(a, "model", None) is not None and a.model.files:
-        rec["model"] = [a.model.name, [[m.path, m.sha256] for m in a.model.files]]
+        rec["model"] = [a.model.name, [[m.path, m.sha256] for m in a.model.files], _users_model(a)]
     kind = doc.get("kind")
     if kind == "reference" and isinstance(doc.get("id"), str):
         rec["reference"] = _ref_summary(a) if a is not None else None
@@ -791,8 +820,8 @@ def _check(paths: Iterable[str], verify_models: bool, allow_unknown_commit: bool
         if rec is None:
             continue
         if verify_models and "model" in rec:
-            name, mfiles = rec["model"]
-            problems += [f"{where}: {p}" for p in _model_file_problems(name, tuple(map(tuple, mfiles)))]
+            name, mfiles, user = rec["model"]
+            problems += [f"{where}: {p}" for p in _model_file_problems(name, tuple(map(tuple, mfiles)), user)]
         if "fidelity" in rec:
             fidelity_recs.append((where, rec["fidelity"]))
         if "reference" in rec:

@@ -99,9 +99,12 @@ def measure(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
 
 def prepare_arms(spec: grid.GridSpec) -> None:
     """What each arm needs made before anything is measured (a user's engine build), on this machine."""
+    from harness import models
     from harness.engines import get_engine
     for a in spec.arms:
         get_engine(a.engine).prepare_arm(spec, a)
+    for name, forms in grid.model_forms(spec).items():  # a user's model: the forms the arms load, made now
+        models.ensure(name, forms)
 
 
 class Local:

@@ -73,6 +73,7 @@ class FidelityGrid:
     builds: tuple[Build, ...]
     thresholds: dict[str, float]
     cross_engine: tuple[tuple[str, str], ...]
+    named_references: tuple[str, ...] = ()  # the engines whose reference form the grid names (others: defaults)
 
 
 def _err(path: str, fld: str, problem: str, fix: str = "") -> UserError:
@@ -93,7 +94,7 @@ def _thresholds(path: str, fld: str, raw: Any) -> dict[str, float]:
 
 
 def load_grid(path: str | Path) -> FidelityGrid:
-    from harness.grid import entries, grid_name, only_fields, read_yaml
+    from harness.grid import entries, grid_name, model_name, only_fields, read_yaml
     p = Path(path)
     doc, sha = read_yaml(p)
     sp = str(path)
@@ -105,8 +106,9 @@ def load_grid(path: str | Path) -> FidelityGrid:
     only_fields(sp, "", doc, TOP_FIELDS)
     name = grid_name(sp, doc.get("name"))
     model = doc.get("model")
-    if not models.known(model):  # the zoo's, or yours registered by `harness models add`
-        raise _err(sp, "model", f"unknown model {model!r}", f"known: {', '.join(models.known_names())}")
+    if model is None:
+        raise _err(sp, "model", "is required", f"known: {', '.join(models.known_names())}, or {{name: NAME, gguf: PATH}}")
+    model = model_name(sp, "model", model)  # the zoo's, yours registered by `harness models add`, or yours by path
     if models.is_synthetic(model):
         raise _err(sp, "model", f"{model}: synthetic weights: speed only (random weights have no outputs to keep)",
                    f"check fidelity on a real model: {', '.join(m for m in models.default_models() if m != 'tiny-llama')}")
@@ -127,6 +129,7 @@ def load_grid(path: str | Path) -> FidelityGrid:
     if not isinstance(raw_refs, dict) or any(k not in ENGINES for k in raw_refs):
         raise _err(sp, "references", f"must map an engine ({', '.join(ENGINES)}) to its reference form")
     refs.update(raw_refs)
+    named = tuple(sorted(raw_refs))
     thresholds = _thresholds(sp, "thresholds", doc["thresholds"])
     builds = []
     for f, b in entries(sp, "builds", doc["builds"], BUILD_FIELDS, "each build: {name, engine, form}"):
@@ -153,6 +156,7 @@ def load_grid(path: str | Path) -> FidelityGrid:
                        f"known: {', '.join(sorted(eng.fidelity_options)) or 'none'}")
         if "patches" in opts:
             eng.validate_patches(sp, f"{f}.options.patches", opts["patches"])
+        opts = eng.fidelity_check_options(sp, f"{f}.options", opts)
         builds.append(Build(name=b["name"], engine=b["engine"], form=b.get("form"), path=bpath, options=opts,
                             thresholds={**thresholds, **_thresholds(sp, f"{f}.thresholds", b.get("thresholds") or {})}))
     names = [b.name for b in builds]
@@ -173,7 +177,7 @@ def load_grid(path: str | Path) -> FidelityGrid:
                         description=str(doc.get("description", "")), model=model, prompts_path=prompts_path,
                         gen_len=ints["gen_len"], top_k=ints["top_k"], threads=ints["threads"], seed=ints["seed"],
                         timeout_s=float(timeout), references=refs, builds=tuple(builds), thresholds=thresholds,
-                        cross_engine=tuple(cross))
+                        cross_engine=tuple(cross), named_references=named)
 
 
 # ---- prompts ------------------------------------------------------------------------------------------
@@ -195,7 +199,12 @@ def load_prompts(g: FidelityGrid) -> PromptSet:
     except (ValueError, KeyError, TypeError, AssertionError):
         raise UserError(where, "prompts: must be a JSON object with a list of {id, category, text}",
                         "see grids/prompts/fidelity-v1.json") from None
-    root = models.ensure(g.model)
+    # of a user's model, the forms this grid loads: its builds', its references' (or their full-precision
+    # siblings, reference_form), and an HF form for the tokenizer
+    wanted = [b.form for b in g.builds if b.form] + ["hf-fp32"]
+    for r in g.references.values():
+        wanted += [r] if models.can_have(g.model, r) else [r.replace("bf16", "fp32" if r.startswith("hf-") else "f32")]
+    root = models.ensure(g.model, sorted({f for f in wanted if models.can_have(g.model, f)}))
     manifest = models.load_manifest(g.model)
     hf = next((f["path"] for f in manifest["forms"].values() if f["format"] == "safetensors"), None)
     if hf is None:
@@ -236,8 +245,8 @@ def _model_block(g: FidelityGrid, form: str | None, path: str | None = None) -> 
         raise UserError(g.path, f"form {form!r}: {e.problem}", e.fix) from None
 
 
-def engine_block(engine: str) -> dict:
-    return get_engine(engine).fidelity_block()
+def engine_block(engine: str, options: dict | None = None) -> dict:
+    return get_engine(engine).fidelity_block(options)
 
 
 def generate(g: FidelityGrid, engine: str, model_path: Path, dtype: str | None, request: dict, workdir: Path,
@@ -400,6 +409,22 @@ def _decoding(g: FidelityGrid) -> Decoding:
     return Decoding(gen_len=g.gen_len, temperature=0.0, top_k=g.top_k, seed=g.seed)
 
 
+def reference_form(g: FidelityGrid, engine: str) -> str:
+    """The form an engine's reference is generated from: the grid's, else the engine's default (bf16) where the
+    model has it, else its full-precision sibling (a user's fp32 HF folder has no bf16 form). A form the model
+    lacks is refused, with the forms it has."""
+    forms = models.load_manifest(g.model)["forms"]
+    form = g.references[engine]
+    if form in forms:
+        return form
+    if engine not in g.named_references:
+        full = form.replace("bf16", "fp32" if form.startswith("hf-") else "f32")
+        if full in forms:
+            return full
+    raise UserError(g.path, f"references.{engine}: model {g.model} has no {form} form",
+                    f"its forms: {', '.join(sorted(forms))}; name one in references: {{{engine}: FORM}}")
+
+
 def run(grid_path: str, store_root: str = "artifacts", references_root: str = "baselines/quality",
         out=None) -> FidelityRun:
     out = out or sys.stderr
@@ -416,7 +441,7 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
     references: dict[str, Any] = {}
     eng_blocks = {e: engine_block(e) for e in engines}
     for e in engines:
-        form = g.references[e]
+        form = reference_form(g, e)
         mblock, mpath = _model_block(g, form)
         ref = _find_reference(refs, g, e, form, eng_blocks[e], mblock["files"], prompts, out)
         if ref is None:
@@ -443,7 +468,7 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
         wd = Path(tempfile.mkdtemp(prefix="build-", dir=workroot))
         span = provenance.Span()
         res = generate(g, b.engine, mpath, dtype, request, wd, b.options)
-        eng = {**eng_blocks[b.engine]}
+        eng = engine_block(b.engine, b.options) if b.options else {**eng_blocks[b.engine]}  # a build's own engine
         ref_block = {"id": ref.id, "engine": ref.engine.name, "form": ref.model.form,
                      "model_sha256": sorted(f.sha256 for f in ref.model.files),
                      "engine_build": {"build_commit": ref.engine.build_commit, "build": ref.engine.build},

@@ -94,8 +94,9 @@ class Agent:
             for name in sorted({a.engine for a in spec.arms}):
                 get_engine(name).provision()  # what each engine runs, built on this machine (cached)
             prepare_arms(spec)  # each arm's own build, if it names one
+            forms = grid.model_forms(spec)
             for name in sorted(names):
-                models.ensure(name)
+                models.ensure(name, forms.get(name))
                 bad = models.verify(name, full=True)
                 if bad:
                     raise UserError(str(models.model_dir(name)), bad[0], f"harness models prepare {name} --rebuild")

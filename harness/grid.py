@@ -343,7 +343,7 @@ def _opt(m: dict, key: str, default: Any) -> Any:
     return default if v is None else v
 
 
-def _model_name(path: str, fld: str, v: Any) -> str:
+def model_name(path: str, fld: str, v: Any) -> str:
     """A zoo model's name, a registered model's (harness models add), or your model given by path (a mapping:
     harness/usermodels.py), which is then known by its name."""
     from harness import models, usermodels
@@ -467,7 +467,7 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
         if not vals:
             raise _err(path, "axes.model", "must list at least one model", f"known: {', '.join(sorted(MODELS))}")
         # a model given by path is registered, and the axis names it from then on
-        names_ = [_model_name(path, f"axes.model[{i}]", m) for i, m in enumerate(vals)]
+        names_ = [model_name(path, f"axes.model[{i}]", m) for i, m in enumerate(vals)]
         if len(set(names_)) != len(names_):
             raise _err(path, "axes.model", f"names a model twice: {_short(names_, 200)}", "give each model once")
         axes_doc = {**axes_doc, "model": names_}
@@ -476,7 +476,7 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     else:
         model = doc.get("model", "none")
         if model != "none":
-            model = _model_name(path, "model", model)
+            model = model_name(path, "model", model)
 
     avail = cpus
     raw_arms = entries(path, "arms", doc.get("arms"), ARM_FIELDS, "each arm: {name, engine, ...}")
@@ -585,7 +585,29 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
                     passes=passes, repetitions=repetitions, warmups=warmups,
                     order=order, seed=seed, baseline=baseline, timeout_s=float(timeout))
     _validate_engines(spec, avail)
+    _validate_user_forms(spec)
     return spec
+
+
+def _validate_user_forms(spec: GridSpec) -> None:
+    """Each form an arm loads of a user's model is one the model can have (models.user_forms): a GGUF whose
+    architecture transformers cannot dequantize has no hf-* form, so an engine that loads hf-* cannot run it."""
+    from harness import models
+    from harness.engines import ENGINES, engine_class
+    for name, forms in model_forms(spec).items():
+        um = models.USER.get(name)
+        if um is None or um.kind == "synthetic" or not forms:
+            continue
+        have = models.user_forms(um)
+        for form in forms:
+            if form in have:
+                continue
+            arms = [a.name for a in spec.arms if (a.form or engine_class(a.engine).default_form) == form] or ["?"]
+            can = [e for e in ENGINES if any(f.startswith(engine_class(e).form_prefix) for f in have)
+                   and engine_class(e).needs_model]
+            raise _err(spec.path, f"arms[{arms[0]}].form", f"model {name} ({um.kind} {um.path}) has no form {form}: "
+                       f"its forms are {', '.join(have)}", f"load one of those (engines that can run it: "
+                       f"{', '.join(can) or 'none'})")
 
 
 # what _validate_hardware reads of a cell: cells alike in these are checked once
@@ -762,6 +784,23 @@ def expand(spec: GridSpec) -> list[Cell]:
             continue
         cells.append(Cell(id=",".join([f"{k}={params[k]}" for k in id_keys]), params=params))
     return cells
+
+
+def model_forms(spec: GridSpec) -> dict[str, list[str] | None]:
+    """Each model a grid runs, with the forms its arms load there (None: one is chosen per run, `auto`)."""
+    from harness.engines import get_engine
+    out: dict[str, set[str] | None] = {}
+    for c in expand(spec):
+        name = model_of(spec, c.params)
+        if name == "none":
+            continue
+        for a in arms_for(spec, c):
+            form = c.params.get("form") or a.form or get_engine(a.engine).default_form
+            if form in (None, "auto") or out.get(name, set()) is None:
+                out[name] = None
+            elif form != "none":
+                out.setdefault(name, set()).add(form)  # type: ignore[union-attr]
+    return {n: None if f is None else sorted(f) for n, f in sorted(out.items())}
 
 
 def arms_for(spec: GridSpec, cell: Cell) -> list[Arm]:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from harness import usermodels
 from harness.errors import UserError
-from harness.paths import downloads_dir, models_root, sha256_file
+from harness.paths import PROJECT_ROOT, downloads_dir, models_root, sha256_file
 from harness.usermodels import matmul_parameters  # noqa: F401 (the zoo's shapes use it; its home is the lower layer)
 
 RECIPE_VERSION = 1  # bump when a derivation step changes its output
@@ -218,12 +218,14 @@ def _build_tiny(work: Path) -> dict:
 # Synthetic models (#16): the exact shapes of real SmolLM2 sizes with seeded random weights, for speed only
 # (a dense model's speed at fixed shapes does not depend on its weights' values under greedy decoding with
 # ignore_eos; fidelity refuses them). Everything but the shape comes from the real 135M's config.
-SYNTHETIC_SHAPES: dict[str, dict] = {
-    "smollm2-360m-synthetic": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
-                                   num_attention_heads=15, num_key_value_heads=5, head_dim=64),
-    "smollm2-1.7b-synthetic": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
-                                   num_attention_heads=32, num_key_value_heads=32, head_dim=64),
-}
+def _shape_file(name: str) -> dict[str, int]:
+    """A built-in synthetic shape: the shape fields of a committed config.json (grids/shapes/), as a user's
+    synthetic shape is given."""
+    cfg = json.loads((PROJECT_ROOT / "grids" / "shapes" / f"{name}.json").read_text())
+    return {k: cfg[k] for k in usermodels.SHAPE_KEYS}
+
+
+SYNTHETIC_SHAPES: dict[str, dict] = {f"{n}-synthetic": _shape_file(n) for n in ("smollm2-360m", "smollm2-1.7b")}
 SYNTHETIC_FORMS = ("hf-fp32", "hf-bf16", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0")
 SYNTHETIC_BUILDER = 2  # bump when build_synthetic's output changes (2: the bf16 check no longer rounds the fp32 weights)
 SYNTHETIC_STD = 0.02  # every weight matrix ~ N(0, 0.02); norms at 1: activations stay finite (checked at build)
@@ -297,7 +299,7 @@ def is_synthetic(name: str) -> bool:
 
 def default_models() -> list[str]:
     """What `harness models prepare` (and so `make`) prepares without names: every model but the synthetic ones."""
-    return sorted(n for n in MODELS if n not in SYNTHETIC_SHAPES)
+    return sorted(n for n in MODELS if n not in SYNTHETIC_SHAPES and n not in USER)  # yours: when named
 
 
 MODELS: dict[str, ModelDef] = {
@@ -331,60 +333,111 @@ def kv_elements_per_token(name: str) -> int | None:
     return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * hd
 
 
-def build_user(um: Any, work: Path) -> dict[str, Any]:
-    """Every form of the model, with the pinned tools: from a GGUF, the file as given (`gguf-<its type>`), hf-fp32
-    and hf-bf16 dequantized by transformers where its architecture allows, and from those gguf-f32/bf16 and
-    q8_0/q4_0; from an HF folder, the folder as given (`hf-<its dtype>`), gguf-f32/bf16 (convert_hf_to_gguf.py)
-    and q8_0/q4_0 (llama-quantize)."""
+def user_forms(um: Any) -> list[str]:
+    """Every form a user model can have: from a GGUF, the file as given (`gguf-<its type>`), and where
+    transformers can dequantize its architecture hf-fp32, hf-bf16 and from them gguf-f32/bf16, q8_0 and q4_0; from
+    an HF folder, the folder as given (`hf-<its dtype>`), gguf-f32/bf16 and q8_0/q4_0."""
+    from harness.usermodels import GGUF_TO_HF, gguf_info
+    if um.kind == "gguf":
+        info = gguf_info(um.path, str(um.path))
+        own = f"gguf-{info['file_type'] or 'unknown'}"
+        if info["architecture"] not in GGUF_TO_HF:
+            return [own]
+        return list(dict.fromkeys([own, "hf-fp32", "hf-bf16", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0"]))
+    return list(dict.fromkeys([f"hf-{_hf_dtype(um)[1]}", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0"]))
+
+
+def _hf_dtype(um: Any) -> tuple[str, str]:
+    cfg = json.loads((um.path / "config.json").read_text())
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    return dtype, {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+
+
+def _safetensors_parameters(d: Path) -> int:
+    """The element count of every tensor of an HF folder, read from the safetensors headers (no weights loaded)."""
+    import struct
+    n = 0
+    for p in sorted(d.glob("*.safetensors")):
+        with open(p, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(min(size, 100 * 2**20)))
+        for k, t in header.items():
+            if k != "__metadata__":
+                count = 1
+                for dim in t["shape"]:
+                    count *= dim
+                n += count
+    return n
+
+
+def build_user(um: Any, work: Path, forms: list[str] | None = None, have: dict | None = None) -> dict[str, Any]:
+    """The forms of a user model that are asked for (None: every one, user_forms), each from its sources with the
+    pinned tools: a form is made only when asked for or needed by one that is (q8_0 and q4_0 are quantized from
+    gguf-f32, which is converted from an HF form, which a GGUF's is dequantized to). `have`: the forms already
+    in `work` (a prepared model being extended), kept as they are."""
     from harness.usermodels import GGUF_TO_HF, gguf_info, source_sha256, synthetic_shape
     if um.kind == "synthetic":  # the built-in synthetic shapes' builder, on this config's shape
         info = build_synthetic(work, um.name, synthetic_shape(um, str(um.path)))
         info["source"] = {**info["source"], "shape_of": str(um.path), "config_sha256": source_sha256(um)}
         return info
+    possible = user_forms(um)
+    want = list(possible if forms is None else forms)
+    for f in want:
+        if f not in possible:
+            raise UserError(f"model {um.name}", f"has no form {f!r}" + (
+                f" (architecture {gguf_info(um.path, str(um.path))['architecture']}: transformers cannot dequantize "
+                "it, so only the GGUF as given)" if um.kind == "gguf" and len(possible) == 1 else ""),
+                f"its forms: {', '.join(possible)}")
+    done: dict[str, dict] = dict(have or {})
+    need = set(want)
+    if need & {"gguf-q8_0", "gguf-q4_0"}:
+        need.add("gguf-f32")
     src = {"user_source": str(um.path), "kind": um.kind, "sha256": source_sha256(um)}
-    forms: dict[str, dict] = {}
-    (work / "gguf").mkdir(parents=True)
-    need = um.path.stat().st_size if um.kind == "gguf" else sum(p.stat().st_size for p in um.path.rglob("*")
+    (work / "gguf").mkdir(parents=True, exist_ok=True)
+    size = um.path.stat().st_size if um.kind == "gguf" else sum(p.stat().st_size for p in um.path.rglob("*")
                                                                  if p.is_file())
-    print(f"[models] {um.name}: deriving its forms from {um.path} ({need / 2**30:.2f} GiB of source; expect ~10x "
-          "that on disk and minutes per GiB)", file=sys.stderr)
+    todo = sorted(need - set(done))
+    if todo:
+        print(f"[models] {um.name}: deriving {', '.join(todo)} from {um.path} ({size / 2**30:.2f} GiB of source; "
+              f"expect up to ~{2 + 2 * len(todo)}x that on disk and minutes per GiB)", file=sys.stderr)
+    meta: dict[str, Any] = {}
     if um.kind == "gguf":
         info = gguf_info(um.path, str(um.path))
         own = info["file_type"] or "unknown"
-        shutil.copyfile(um.path, work / "gguf" / f"model-{own}.gguf")
-        forms[f"gguf-{own}"] = {"path": f"gguf/model-{own}.gguf", "format": "gguf", "dtype": own, "from": "source"}
+        if f"gguf-{own}" not in done:  # the source itself, always kept: every other form is made from it
+            shutil.copyfile(um.path, work / "gguf" / f"model-{own}.gguf")
+            done[f"gguf-{own}"] = {"path": f"gguf/model-{own}.gguf", "format": "gguf", "dtype": own, "from": "source"}
+        meta = {"architecture": [info["architecture"]], "parameters": info["parameters"], "config": info["shape"]}
         if info["architecture"] not in GGUF_TO_HF:
-            return {"source": src, "architecture": [info["architecture"]], "parameters": info["parameters"],
-                    "config": info["shape"], "forms": forms,
-                    "note": f"architecture {info['architecture']}: transformers cannot dequantize it, so no hf-* forms"}
+            meta["note"] = f"architecture {info['architecture']}: transformers cannot dequantize it, so no hf-* forms"
         hf32, hf16 = work / "hf-fp32", work / "hf-bf16"
-        meta = _hf_from_gguf(work / "gguf" / f"model-{own}.gguf", hf32, hf16)
-        forms["hf-fp32"] = {"path": "hf-fp32", "format": "safetensors", "dtype": "float32", "from": f"{own} dequantized"}
-        forms["hf-bf16"] = {"path": "hf-bf16", "format": "safetensors", "dtype": "bfloat16", "from": f"{own} dequantized"}
+        from_hf = {"hf-fp32", "hf-bf16", "gguf-f32", "gguf-bf16"} & need - set(done)
+        if from_hf and not {"hf-fp32", "hf-bf16"} <= set(done):
+            _hf_from_gguf(work / "gguf" / f"model-{own}.gguf", hf32, hf16)
+            done["hf-fp32"] = {"path": "hf-fp32", "format": "safetensors", "dtype": "float32", "from": f"{own} dequantized"}
+            done["hf-bf16"] = {"path": "hf-bf16", "format": "safetensors", "dtype": "bfloat16", "from": f"{own} dequantized"}
     else:
-        cfg = json.loads((um.path / "config.json").read_text())
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
-        short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
-        hf32 = work / f"hf-{short}"
-        shutil.copytree(um.path, hf32, ignore=shutil.ignore_patterns(".git", "*.gguf"))
-        forms[f"hf-{short}"] = {"path": f"hf-{short}", "format": "safetensors", "dtype": dtype, "from": "source"}
-        meta = {"parameters": None, "architecture": cfg.get("architectures") or ["unknown"]}
-        hf16 = hf32
+        dtype, short = _hf_dtype(um)
+        hf32 = hf16 = work / f"hf-{short}"
+        if f"hf-{short}" not in done:
+            shutil.copytree(um.path, hf32, ignore=shutil.ignore_patterns(".git", "*.gguf"))
+            done[f"hf-{short}"] = {"path": f"hf-{short}", "format": "safetensors", "dtype": dtype, "from": "source"}
+        hf_cfg = json.loads((hf32 / "config.json").read_text())
+        meta = {"architecture": hf_cfg.get("architectures") or ["unknown"],
+                "config": {k: hf_cfg.get(k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                       "num_attention_heads", "num_key_value_heads", "head_dim")}}
     for outtype, hf in (("f32", hf32), ("bf16", hf16)):
-        if f"gguf-{outtype}" not in forms:
+        if f"gguf-{outtype}" in need and f"gguf-{outtype}" not in done:
             _convert_gguf(hf, work / "gguf" / f"model-{outtype}.gguf", outtype)
-            forms[f"gguf-{outtype}"] = {"path": f"gguf/model-{outtype}.gguf", "format": "gguf", "dtype": outtype,
-                                        "from": hf.name}
+            done[f"gguf-{outtype}"] = {"path": f"gguf/model-{outtype}.gguf", "format": "gguf", "dtype": outtype,
+                                       "from": hf.name}
     for q in ("q8_0", "q4_0"):
-        if f"gguf-{q}" not in forms:
+        if f"gguf-{q}" in need and f"gguf-{q}" not in done:
             _quantize(work / "gguf" / "model-f32.gguf", work / "gguf" / f"model-{q}.gguf", q.upper())
-            forms[f"gguf-{q}"] = {"path": f"gguf/model-{q}.gguf", "format": "gguf", "dtype": q, "from": "gguf-f32"}
-    hf_cfg = json.loads((hf32 / "config.json").read_text())
-    params = meta["parameters"] or gguf_info(work / "gguf" / "model-f32.gguf", um.name)["parameters"]
-    return {"source": src, "architecture": meta["architecture"], "parameters": params,
-            "config": {k: hf_cfg.get(k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                   "num_attention_heads", "num_key_value_heads", "head_dim")},
-            "forms": forms}
+            done[f"gguf-{q}"] = {"path": f"gguf/model-{q}.gguf", "format": "gguf", "dtype": q, "from": "gguf-f32"}
+    if meta.get("parameters") is None:
+        meta["parameters"] = _safetensors_parameters(hf32)
+    return {"source": src, **meta, "forms": dict(sorted(done.items())), "forms_possible": possible}
 
 
 # Your models (harness/usermodels.py): registered by a grid's `model:` mapping or from the registry of
@@ -398,7 +451,7 @@ def register(um: Any) -> str:
         raise UserError(f"model {um.name}", "is the name of a zoo model", "give your model another name")
     USER[um.name] = um
     MODELS[um.name] = ModelDef(um.name, f"your model: {um.kind} {um.path}", str(um.path),
-                               lambda work, u=um: build_user(u, work))
+                               lambda work, forms=None, have=None, u=um: build_user(u, work, forms, have))
     return um.name
 
 
@@ -450,11 +503,15 @@ def model_dir(name: str) -> Path:
     return models_root() / name / model_key(name)
 
 
-def _file_table(root: Path) -> dict[str, dict]:
+def _file_table(root: Path, known: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Every file's size and sha256; `known`: the table of the prepared copy an extension linked in (just
+    verified), whose entries are kept for the files of the same size."""
     files = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name != "manifest.json":
-            files[str(p.relative_to(root))] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+            rel, size = str(p.relative_to(root)), p.stat().st_size
+            k = (known or {}).get(rel)
+            files[rel] = dict(k) if k and k.get("size") == size else {"size": size, "sha256": sha256_file(p)}
     return files
 
 
@@ -491,15 +548,32 @@ def verify(name: str, full: bool = False) -> list[str]:
     return problems
 
 
-def prepare(name: str, rebuild: bool = False) -> dict:
-    """Build (or verify and reuse) one model; returns its manifest."""
+def can_have(name: str, form: str) -> bool:
+    """Whether a model can have this form: a user's model, one of user_forms; any other, whatever its builder makes."""
+    return form in user_forms(USER[name]) if _extends(name) else True
+
+
+def _extends(name: str) -> bool:
+    """A model whose forms are made one by one, as grids ask for them (a user's GGUF or HF folder)."""
+    return name in USER and USER[name].kind != "synthetic"
+
+
+def prepare(name: str, rebuild: bool = False, forms: list[str] | None = None) -> dict:
+    """Build (or verify and reuse) one model; returns its manifest. `forms`: of a user's model, the forms to have
+    (None: every one); a prepared copy that lacks some is extended with them, its other files kept."""
     d = get_def(name)
     root = model_dir(name)
+    have = None
     if root.exists() and (root / "manifest.json").exists():
         problems = verify(name)
         if not problems:
-            return load_manifest(name)
-        if not rebuild:
+            m = load_manifest(name)
+            missing = [] if not _extends(name) else [f for f in (forms or m.get("forms_possible") or [])
+                                                      if f not in m["forms"]]
+            if not missing:
+                return m
+            have, known = m["forms"], m["files"]
+        elif not rebuild:
             raise UserError(problems[0].split(": ")[0], problems[0].split(": ", 1)[1] +
                             (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
                             f"run `harness models prepare --rebuild {name}`")
@@ -508,10 +582,17 @@ def prepare(name: str, rebuild: bool = False) -> dict:
     stage = Path(tempfile.mkdtemp(prefix=f"{root.name}.tmp-", dir=parent))
     t0 = time.time()
     try:
-        info = d.builder(stage)
+        if have is not None:  # extended: the prepared files linked in (same filesystem), never rewritten
+            shutil.rmtree(stage)
+            shutil.copytree(root, stage, copy_function=os.link, ignore=shutil.ignore_patterns("manifest.json"))
+        if _extends(name):
+            info = d.builder(stage, sorted(set(forms or []) | set(have or {})) if forms else None, have)
+        else:
+            info = d.builder(stage)
         manifest = {"name": name, "description": d.description, "key": root.name, "recipe_version": RECIPE_VERSION,
                     "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "prepare_seconds": round(time.time() - t0, 1), **info, "files": _file_table(stage)}
+                    "prepare_seconds": round(time.time() - t0, 1), **info,
+                    "files": _file_table(stage, known if have is not None else None)}
         (stage / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         if root.exists():
             shutil.rmtree(root)
@@ -523,11 +604,14 @@ def prepare(name: str, rebuild: bool = False) -> dict:
     return manifest
 
 
-def ensure(name: str) -> Path:
-    """The prepared model directory, preparing it when absent."""
+def ensure(name: str, forms: list[str] | None = None) -> Path:
+    """The prepared model directory, preparing it when absent; of a user's model, with these forms (None: the
+    forms already made, or every one for a model not prepared yet)."""
     root = model_dir(name)
     if not (root / "manifest.json").exists():
-        prepare(name)
+        prepare(name, forms=forms)
+    elif forms and _extends(name) and set(forms) - set(load_manifest(name)["forms"]):
+        prepare(name, forms=forms)
     return root
 
 
@@ -569,6 +653,8 @@ def model_block(name: str, form: str) -> dict:
     source = m["source"]
     if name in USER and "user_source" in source:  # prepared from the same content elsewhere: this run's path
         source = {**source, "user_source": str(USER[name].path)}
+    if name in USER and isinstance(m.get("config"), dict):  # a user's model: its shape, which no table here holds
+        source = {**source, "shape": m["config"]}
     return {"name": name, "form": form, "source": source, "format": f["format"], "dtype": f["dtype"],
             "parameters": m["parameters"],
             "files": [{"path": rel, "size": i["size"], "sha256": i["sha256"]} for rel, i in sorted(files.items())]}

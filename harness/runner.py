@@ -26,7 +26,7 @@ def model_block(model: str, form: str) -> tuple[dict, dict[str, Path]]:
     if model == NO_MODEL or form == "none":
         return {"name": model, "form": "none", "source": {"none": "command engine"}, "format": "none",
                 "dtype": "none", "parameters": 1, "files": []}, {}
-    root = models.ensure(model)
+    root = models.ensure(model, [form])
     block = models.loaded_block(model, form)  # hashed now; a file that is not the manifest's is refused
     weights = {rel: root / rel for rel in models.weight_files(model, form)}
     return block, weights

@@ -38,6 +38,15 @@ def fit_footprint(points: list[tuple[int, int]]) -> tuple[float, float] | None:
     return my - b * mx, b
 
 
+def _matmul_of(shape: object) -> int | None:
+    """The prefill matmul parameters of a shape a user's model recorded (model.source.shape), if it is whole."""
+    from harness.usermodels import matmul_parameters
+    try:
+        return matmul_parameters(shape) if isinstance(shape, dict) else None  # type: ignore[arg-type]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
 def scale_block(arts: list, section: dict, best: dict[int, dict[str, float]] | None, memory_total: int | None) -> dict | None:
     """The model-scale view of one series, or None when its cells do not differ by model."""
     from harness.models import MATMUL_PARAMETERS
@@ -73,7 +82,8 @@ def scale_block(arts: list, section: dict, best: dict[int, dict[str, float]] | N
             best[t]["matmul_gflop_s_bf16"] > best[t]["matmul_gflop_s_fp32"] else "matmul_gflop_s_fp32"
         peak = (best or {}).get(t, {}).get(peak_key)
         gbs = wbytes * dec / 1e9 if dec is not None else None
-        gflops = 2 * MATMUL_PARAMETERS.get(model, a0.model.parameters) * pre / 1e9 if pre is not None else None
+        mm = MATMUL_PARAMETERS.get(model) or _matmul_of(a0.model.source.get("shape"))
+        gflops = 2 * mm * pre / 1e9 if pre is not None and mm else None  # no shape recorded: no figure
         r = ratios.get((arm, model))
         rows.append({
             "arm": arm, "engine": a0.engine.name, "form": a0.model.form, "model": model,
@@ -84,7 +94,7 @@ def scale_block(arts: list, section: dict, best: dict[int, dict[str, float]] | N
             "bw_share_value": None if gbs is None or not bw else gbs / bw,
             "bw_share": "no calibration" if not bw else "-" if gbs is None else f"{100 * gbs / bw:.0f}%",
             "prefill": "-" if pre is None else f"{pre:.3g}", "gflops": "-" if gflops is None else f"{gflops:.0f}",
-            "flop_share": "n/a (integer kernels)" if quant else "no calibration" if not peak or gflops is None
+            "flop_share": "n/a (integer kernels)" if quant else "-" if gflops is None else "no calibration" if not peak
             else f"{100 * gflops / peak:.0f}%",
             "rss_value": sorted(rss)[len(rss) // 2] if rss else None,
             "rss": f"{sorted(rss)[len(rss) // 2] / GIB:.2f}" if rss else "-",

@@ -79,6 +79,9 @@ def test_a_trees_identity_is_its_content_and_its_git_state(tmp_path):
     h1 = llamacpp_build.tree_sha256(tree)
     assert h1 != h0
     assert llamacpp_build.git_state(tree) == {"git": "not a git repository"}
+    (tree / ".git").write_text("gitdir: ../../.git/modules/vendor/llama.cpp\n")  # a submodule's link, as the sdist's
+    assert llamacpp_build.git_state(tree) == {"git": "not a git repository (its .git links to a folder that is not here)"}
+    (tree / ".git").unlink()
     git = ["git", "-C", str(tree), "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
@@ -173,3 +176,58 @@ def test_models_are_keyed_and_made_by_the_pinned_build_whatever_build_runs_them(
     outside, pinned = models.model_dir("tiny-llama"), llamacpp_build.build_key()
     with llamacpp_build.user_build(llamacpp_build.UserBuild(source=_fake_tree(tmp_path / "tree"))):
         assert llamacpp_build.build_key() != pinned and models.model_dir("tiny-llama") == outside
+
+
+def test_check_refuses_a_build_record_that_contradicts_itself():
+    """Two arms of two builds differ by their build's hashes: check refuses a hash that is not one, and a run of
+    prebuilt binaries whose binary is not the one its build lists (an edited artifact, its id recomputed)."""
+    import copy
+    from harness import artifact, check
+    root = Path(__file__).resolve().parents[1] / "artifacts" / "llamacpp-builds"
+    doc = next(d for d in (json.loads(p.read_text()) for p in sorted(root.glob("*.json")))
+               if d["kind"] == "run" and d["status"] == "ok" and "tree_sha256" in d["engine"]["build"])
+
+    def lie(edit):
+        d = copy.deepcopy(doc)
+        edit(d["engine"]["build"])
+        d["id"] = artifact.compute_id(d)
+        return [p for p in check.check_doc(d, "x.json", verify_models=False) if "engine.build" in p]
+    assert lie(lambda b: None) == []
+    assert lie(lambda b: b.update(tree_sha256="abc")) == ["x.json: engine.build.tree_sha256: 'abc' is not a sha256"]
+    ran = doc["engine"]["build"]["binary"]
+    listed = {"llama-bench": "0" * 64, ran: doc["engine"]["build"]["binary_sha256"]}
+    assert lie(lambda b: b.update(binaries_sha256=listed)) == []
+    said = lie(lambda b: b.update(binaries_sha256={**listed, ran: "1" * 64}))
+    assert len(said) == 1 and "the run did not use the build it names" in said[0]
+
+
+def test_a_vllm_fidelity_build_may_run_another_environment(tmp_path):
+    """A fidelity build's `python:` (another environment's interpreter): checked at load, resolved against the
+    grid file, and the build's engine block is that environment's own."""
+    import sys
+    from harness import fidelity
+    from harness.errors import UserError
+    from harness.engines import get_engine
+    prompts = Path(__file__).resolve().parents[1] / "grids" / "prompts" / "fidelity-v1.json"
+    other = str(Path(sys.executable).with_name("python3"))
+    body = (f"kind: fidelity\nname: f\nmodel: tiny-llama\nprompts: {prompts}\ngen_len: 4\nthreads: 1\n"
+            "thresholds: {min_top1_agreement: 0.5}\nbuilds:\n  - {name: v, engine: vllm, form: hf-fp32, "
+            "options: {python: PY}}\n")
+    g = tmp_path / "f.yaml"
+    g.write_text(body.replace("PY", other))
+    b = fidelity.load_grid(g).builds[0]
+    assert b.options["python"] == other
+    block = get_engine("vllm").fidelity_block(b.options)
+    assert block["build"]["interpreter"] == other
+    cmd, env = get_engine("vllm").fidelity_command(Path("m"), 1, [0], "float32", _req(tmp_path), tmp_path / "o",
+                                                   tmp_path, b.options)
+    assert cmd[0] == other and env["PYTHONPATH"].split(":")[0] == str(Path(__file__).resolve().parents[1])
+    g.write_text(body.replace("PY", "/usr/bin/python3"))
+    with pytest.raises(UserError, match=r"builds\[0\].options.python: .* has no vllm"):
+        fidelity.load_grid(g)
+
+
+def _req(tmp_path: Path) -> Path:
+    p = tmp_path / "req.json"
+    p.write_text("{}")
+    return p

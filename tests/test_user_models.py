@@ -69,8 +69,9 @@ def test_your_hf_model_by_path_runs_on_both_engines_and_is_recorded(hf_dir, tmp_
         assert a.model.name == "my-llama" and a.model.source["user_source"] == str(tmp_path / "m")
         assert a.model.source["sha256"] == usermodels.source_sha256(usermodels.UserModel("x", "hf", tmp_path / "m"))
     assert arts["llama.cpp"].model.dtype == "q8_0" and arts["llama.cpp"].model.files[0].path.endswith("q8_0.gguf")
-    manifest = models.load_manifest("my-llama")
-    assert set(manifest["forms"]) == {"hf-fp32", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0"}
+    manifest = models.load_manifest("my-llama")  # the forms the arms load, and gguf-f32 that q8_0 is made from
+    assert {"hf-fp32", "gguf-f32", "gguf-q8_0"} <= set(manifest["forms"])
+    assert models.user_forms(models.USER["my-llama"]) == ["hf-fp32", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0"]
     assert manifest["architecture"] == ["LlamaForCausalLM"] and manifest["config"]["hidden_size"] == 64
     n, problems = check([tmp_path / "st"])  # model hashes verified against this machine's prepared copy
     assert n == 2 and [p for p in problems if ": harness.dirty:" not in p] == []
@@ -183,3 +184,101 @@ def test_models_path_names_a_prepared_form(cli):
     assert rc == 0 and Path(out.strip()) == models.form_path("tiny-llama", "gguf-f32") and Path(out.strip()).is_file()
     rc, _, err = cli("models", "path", "tiny-llama", "gguf-nope")
     assert rc == 2 and "unknown form" in err
+
+
+FIDELITY_GRID = """
+kind: fidelity
+name: own-fidelity
+model: {{name: my-llama, hf: m}}
+prompts: {prompts}
+gen_len: 4
+threads: 1
+thresholds: {{min_top1_agreement: 0.5}}
+builds:
+{builds}
+"""
+
+
+def _fidelity_grid(tmp_path: Path, builds: str) -> Path:
+    g = tmp_path / "fid.yaml"
+    prompts = Path(__file__).resolve().parent.parent / "grids" / "prompts" / "fidelity-v1.json"
+    g.write_text(FIDELITY_GRID.format(prompts=prompts, builds=builds))
+    return g
+
+
+@pytest.mark.engines
+def test_fidelity_of_your_model_is_scored_against_its_own_full_precision_form(hf_dir, tmp_path):
+    """A model given by path in a fidelity grid: a real llama.cpp q8_0 build scored against the model's own bf16
+    GGUF (the default reference); vLLM's default reference (hf-bf16) falls back to the folder as given (fp32),
+    and a reference form the model lacks, named by the grid, is refused with the forms it has."""
+    from harness import fidelity
+    from harness.errors import UserError
+    shutil.copytree(hf_dir, tmp_path / "m")
+    g = _fidelity_grid(tmp_path, "  - {name: q8, engine: llama.cpp, form: gguf-q8_0}")
+    r = fidelity.run(str(g), store_root=str(tmp_path / "st"), references_root=str(tmp_path / "refs"))
+    assert r.errors == []
+    arts = [load_path(p) for p in r.written]
+    ref, build = [a for a in arts if a.kind == "reference"], [a for a in arts if a.kind == "fidelity"]
+    assert len(ref) == 1 and ref[0].model.form == "gguf-bf16" and ref[0].model.name == "my-llama"
+    assert ref[0].model.source["user_source"] == str(tmp_path / "m")
+    assert len(build) == 1 and build[0].status == "ok" and build[0].reference["form"] == "gguf-bf16"
+    assert build[0].summary["top1_agreement"] > 0.5 and build[0].verdict in ("pass", "fail")
+    vg = fidelity.load_grid(_fidelity_grid(tmp_path, "  - {name: v, engine: vllm, form: hf-fp32}"))
+    assert fidelity.reference_form(vg, "vllm") == "hf-fp32"
+    named = _fidelity_grid(tmp_path, "  - {name: v, engine: vllm, form: hf-fp32}").read_text() + \
+        "references: {vllm: hf-bf16}\n"
+    (tmp_path / "named.yaml").write_text(named)
+    with pytest.raises(UserError, match="references.vllm: model my-llama has no hf-bf16 form"):
+        fidelity.reference_form(fidelity.load_grid(tmp_path / "named.yaml"), "vllm")
+
+
+def test_forms_are_made_as_grids_ask_for_them_and_a_prepared_copy_is_extended(tmp_path, monkeypatch):
+    """A user's f32 GGUF, prepared for the one form a grid loads (the file as given), is extended when another
+    grid asks for q8_0 (quantized from the f32 source: nothing else is made; the prepared file is linked, not
+    rewritten), then for an HF form (dequantized); a form the model cannot have is refused with its forms."""
+    shutil.copyfile(models.form_path("tiny-llama", "gguf-f32"), tmp_path / "t.gguf")
+    monkeypatch.setattr(models, "models_root", lambda: tmp_path / "models")  # a cache of its own: built here
+    monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
+    monkeypatch.setattr(models, "USER", {})
+    models.register(usermodels.UserModel("forms-tiny", "gguf", tmp_path / "t.gguf"))
+    assert models.user_forms(models.USER["forms-tiny"])[0] == "gguf-f32"
+    root = models.ensure("forms-tiny", ["gguf-f32"])
+    m = models.load_manifest("forms-tiny")
+    assert set(m["forms"]) == {"gguf-f32"} and not (root / "hf-fp32").exists()
+    inode = (root / "gguf" / "model-f32.gguf").stat().st_ino
+    models.ensure("forms-tiny", ["gguf-q8_0"])
+    m = models.load_manifest("forms-tiny")
+    assert set(m["forms"]) == {"gguf-f32", "gguf-q8_0"} and not (root / "hf-fp32").exists()
+    assert (root / "gguf" / "model-f32.gguf").stat().st_ino == inode
+    assert models.verify("forms-tiny", full=True) == []
+    models.ensure("forms-tiny", ["hf-bf16"])  # an HF form: dequantized by transformers, then
+    assert set(models.load_manifest("forms-tiny")["forms"]) == {"gguf-f32", "gguf-q8_0", "hf-fp32", "hf-bf16"}
+    with pytest.raises(Exception, match="has no form 'gguf-q5_k'"):
+        models.ensure("forms-tiny", ["gguf-q5_k"])
+
+
+def test_an_engine_that_cannot_load_your_models_architecture_is_refused_at_plan(tmp_path, cli, monkeypatch):
+    """A GGUF whose architecture transformers cannot dequantize (here: llama, declared so) has no hf-* form: a
+    vLLM arm on it is refused at plan, naming the forms it has and the engines that can run it."""
+    monkeypatch.setattr(usermodels, "GGUF_TO_HF", ())
+    shutil.copyfile(models.form_path("tiny-llama", "gguf-f32"), tmp_path / "t.gguf")
+    g = _grid(tmp_path, "{name: arch-tiny, gguf: t.gguf}")
+    g.write_text(g.read_text().replace("form: gguf-q8_0", "form: gguf-f32"))
+    rc, _, err = cli("plan", g)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "arms[vllm].form: model arch-tiny" in err and "has no form hf-fp32: its forms are gguf-f32" in err
+    assert "engines that can run it: " in err and "llama.cpp" in err and "vllm" not in err.split("can run it")[1]
+
+
+def test_check_accepts_runs_of_models_this_machine_does_not_know(tmp_path, monkeypatch):
+    """The published own-model series ran a GGUF given by path and a synthetic shape: on a machine (or in a
+    process) that has registered neither, check has nothing local to compare their files with, and passes."""
+    from harness.check import check
+    monkeypatch.setattr(usermodels, "registry_path", lambda: tmp_path / "user-models.json")
+    monkeypatch.setattr(models, "USER", {})
+    monkeypatch.setattr(models, "MODELS", {k: v for k, v in models.MODELS.items()
+                                           if k not in ("my-smollm2-q4_1", "llama-3.2-1b-shape")})
+    store = Path(__file__).resolve().parent.parent / "artifacts" / "own-model"
+    assert not models.known("my-smollm2-q4_1") and not models.known("llama-3.2-1b-shape")
+    n, problems = check([str(store)])
+    assert n >= 54 and problems == []

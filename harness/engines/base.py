@@ -243,8 +243,13 @@ class Engine(ABC):
     def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
         return None
 
-    def fidelity_block(self) -> dict[str, Any]:
-        """The engine block of a fidelity or reference artifact."""
+    def fidelity_check_options(self, path: str, fld: str, options: dict) -> dict:
+        """A fidelity build's options, checked against this machine and resolved (paths relative to the grid file
+        made absolute): an error is one line naming the grid file and field."""
+        return options
+
+    def fidelity_block(self, options: dict | None = None) -> dict[str, Any]:
+        """The engine block of a fidelity or reference artifact (`options`: the build's, absent for a reference)."""
         info = self.engine_info()
         return {"name": info["name"], "version": info["version"], "build_commit": info["build_commit"],
                 "build": info["build"], "patches": [], "overrides": {}}

@@ -178,7 +178,12 @@ def tree_sha256(root: Path) -> str:
 def git_state(root: Path) -> dict:
     """The tree's git commit and dirty state, if it is a git repository."""
     git = shutil.which("git")
-    if not git or not (root / ".git").exists():
+    dotgit = root / ".git"
+    if dotgit.is_file():  # a submodule's link (`gitdir: ...`): a repository only where the folder it names is
+        target = dotgit.read_text(errors="replace").partition("gitdir:")[2].strip()
+        if not target or not (root / target).is_dir():
+            return {"git": "not a git repository (its .git links to a folder that is not here)"}
+    if not git or not dotgit.exists():
         return {"git": "not a git repository"}
     head = subprocess.run([git, "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
     status = subprocess.run([git, "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
@@ -521,7 +526,10 @@ def _copy_user_tree(ub: UserBuild, stage: Path) -> tuple[str, str, Path, dict]:
     """A copy of the user's tree (what was hashed is what is built): (commit label, full, source dir, record)."""
     check_user_build(ub, "build.source")
     tree = tree_sha256(ub.source)
-    state = git_state(ub.source)
+    with user_build(None), variant(None):
+        pinned = ub.source == source_dir()
+    state = ({"git": f"the pinned sdist's vendored tree (llama.cpp {EXPECTED_COMMIT}, sdist sha256 {SDIST_SHA256})"}
+             if pinned else git_state(ub.source))
     src = stage / "src"
     shutil.copytree(ub.source, src, symlinks=True, ignore=lambda d, names: [
         n for n in names if n in SKIP_IN_TREE or (n.startswith("build") and (Path(d) / n).is_dir())])

