@@ -24,7 +24,33 @@ def machine_key(a) -> str:
     """The physical machine of an artifact: its host key, or for a run emulating a hardware class the key of
     the machine it ran on (host.machine_key). A grid's arms on one machine, emulated or not, are one series
     and pair by pass; an arm's runs all share its class, so emulated and native runs are never pooled."""
-    return a.host.get("machine_key") or a.host.key
+    h = a.host
+    extra = getattr(h, "__pydantic_extra__", None)  # host.get("machine_key") without pydantic's __getattr__
+    mk = extra.get("machine_key") if isinstance(extra, dict) else h.get("machine_key")
+    return mk or h.key
+
+
+def _by_identity(table: dict, obj: Any, fn: Any) -> Any:
+    """fn(obj), computed once per object while `table` holds it (the object is kept beside its value, so its id
+    is not reused): artifacts share their engine and model records (report._share)."""
+    hit = table.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    v = fn(obj)
+    table[id(obj)] = (obj, v)
+    return v
+
+
+_BUILD_IDS: dict[int, tuple] = {}
+_MODEL_IDS: dict[int, tuple] = {}
+_WEIGHT_SHAS: dict[int, tuple] = {}
+
+
+def forget() -> None:
+    """Drop the per-object values computed since (a report calls it when done)."""
+    _BUILD_IDS.clear()
+    _MODEL_IDS.clear()
+    _WEIGHT_SHAS.clear()
 
 
 def by_host(arts: list) -> dict[str, list]:
@@ -48,7 +74,8 @@ def newest_series(arts: list) -> list:
     run. Callers pass one host's artifacts only."""
     assert len({machine_key(a) for a in arts}) == 1, "a series is measured by one host"
     latest = max(arts, key=lambda a: a.timing.end)
-    return [a for a in arts if a.grid.sha256 == latest.grid.sha256]
+    sha = latest.grid.sha256
+    return [a for a in arts if a.grid.sha256 == sha]
 
 
 def all_series(arts: list) -> list[list]:
@@ -72,6 +99,10 @@ def newest_by_grid_and_host(runs: dict[str, list]) -> Newest:
 def build_id(engine: Any) -> str:
     """The engine build a run used: its binary's sha256 prefix (llama.cpp), else a hash of every sha256 the
     engine recorded (wheel RECORDs, shell)."""
+    return _by_identity(_BUILD_IDS, engine, _build_id)
+
+
+def _build_id(engine: Any) -> str:
     b = engine.build
     if isinstance(b.get("binary_sha256"), str):
         return b["binary_sha256"][:12]
@@ -80,12 +111,20 @@ def build_id(engine: Any) -> str:
 
 
 def weight_shas(a: Any) -> tuple[str, ...]:
-    return tuple(sorted(f.sha256 for f in a.model.weight_files() or []))
+    return _by_identity(_WEIGHT_SHAS, a.model, _weight_shas)
+
+
+def _weight_shas(model: Any) -> tuple[str, ...]:
+    return tuple(sorted(f.sha256 for f in model.weight_files() or []))
 
 
 def model_id(a: Any) -> str:
     """The weights a run used: a hash of its model files' sha256s."""
-    return hashlib.sha256("".join(sorted(f.sha256 for f in a.model.files)).encode()).hexdigest()[:12]
+    return _by_identity(_MODEL_IDS, a.model, _model_id)
+
+
+def _model_id(model: Any) -> str:
+    return hashlib.sha256("".join(sorted(f.sha256 for f in model.files)).encode()).hexdigest()[:12]
 
 
 def mixed_builds(arts: list) -> list[str]:
@@ -230,17 +269,28 @@ def analyse(arts: list, gates: dict[tuple, Any] | None = None, power: bool = Tru
         if a.status != "ok":
             failed[(a.grid.cell, a.grid.arm)] += 1
     varying = {k for k in first.grid.cell_params if len({str(a.grid.cell_params.get(k)) for a in arts}) > 1}
+    by_cell_arm: dict[tuple, list] = defaultdict(list)  # (cell, arm) -> (pass, run), in the order of `runs`
+    for (c, am, p), r in runs.items():
+        by_cell_arm[(c, am)].append((p, r))
+    values: dict[tuple[int, str], float] = {}  # (id of a run in `runs`, metric) -> its value, computed once
 
     def value(r: Any, metric: str) -> float:
-        return stats.run_value(r.metrics[metric].samples)
+        k = (id(r), metric)
+        v = values.get(k)
+        if v is None:
+            v = values[k] = stats.run_value(r.metrics[metric].samples)
+        return v
+
+    def passes(cell: str, arm: str, metric: str) -> dict:
+        return {p: r for p, r in by_cell_arm.get((cell, arm), ()) if metric in r.metrics}
 
     rows: list[Row] = []
     pending: list[tuple[Row, list[float], list[float]]] = []
     for metric in metric_names:
         for cell in cells:
-            base_runs = {p: r for (c, am, p), r in runs.items() if c == cell and am == base and metric in r.metrics}
+            base_runs = passes(cell, base, metric)
             for arm in arms:
-                per_pass = {p: r for (c, am, p), r in runs.items() if c == cell and am == arm and metric in r.metrics}
+                per_pass = passes(cell, arm, metric)
                 if not per_pass:
                     continue
                 r0 = next(iter(per_pass.values()))

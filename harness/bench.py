@@ -6,6 +6,10 @@ timed cold (its first call: the new store's verification caches under the user's
 for a store never checked on this machine; they are removed after) and warm (the store unchanged since: what
 `harness check` and `harness report` cost in CI or on a second call). The targets are judged on the warm
 times; the exit code is 1 when one is missed. Run on an idle machine; the load average is printed.
+
+A warm report reads the verification cache only: every file's verdict is there under its stamp, and the report
+rendered from the same inputs is read back (report._Output). `--one-new` also times a report after one more
+artifact is added to the store (the files' parsed objects read back from their cache, the rest rendered again).
 """
 
 from __future__ import annotations
@@ -19,8 +23,7 @@ import time
 from pathlib import Path
 
 from harness import artifact, check, hashcache, report
-from harness.hashcache import store_cache_path
-from harness.paths import PROJECT_ROOT
+from harness.paths import PROJECT_ROOT, cache_root
 from harness.store import load_path
 
 CHECK_TARGET_S = REPORT_TARGET_S = 10.0
@@ -46,6 +49,31 @@ def make_store(root: Path, n: int, source: Path) -> Path:
     return root
 
 
+def add_one(root: Path, source: Path) -> Path:
+    """One more run artifact in the bench's store (a copy of the first with a pass index no other has)."""
+    doc = next(d for d in (load_path(p).model_dump(mode="json") for p in sorted(source.rglob("*.json")))
+               if d["kind"] == "run")
+    g = doc["grid"] = dict(doc["grid"], name="bench", pass_index=10**6)
+    g["run_key"] = check.run_key(g["cell"], g["arm"], g["pass_index"])
+    doc["id"] = artifact.compute_id(doc)
+    path = root / "bench" / f"{doc['id']}.json"
+    path.write_text(json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def store_caches(root: Path) -> list[Path]:
+    """Every cache file under the user's cache folder that belongs to the store at root (its head names it)."""
+    real, out = str(root.resolve()), []
+    for p in (cache_root() / "verified").glob("*.cache"):
+        try:
+            with open(p, "rb") as f:
+                if json.loads(f.readline(1 << 16)).get("store") == real:
+                    out.append(p)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return out
+
+
 def timed(fn) -> tuple[float, object]:
     t0 = time.perf_counter()
     out = fn()
@@ -58,19 +86,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", default=str(PROJECT_ROOT / "artifacts"))
     ap.add_argument("--check-target", type=float, default=CHECK_TARGET_S, help="seconds, warm")
     ap.add_argument("--report-target", type=float, default=REPORT_TARGET_S, help="seconds, warm")
+    ap.add_argument("--one-new", action="store_true", help="also time a report after one artifact is added")
     args = ap.parse_args(argv)
     load = Path("/proc/loadavg").read_text().split()[:3]
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
         root = make_store(Path(tmp) / "store", args.n, Path(args.source))
         time.sleep(hashcache.RACY_NS / 1e9)  # a store at rest: none of its files changed just before it is read
-        caches = [store_cache_path("check", root, check.cache_options(False)), store_cache_path("report", root)]
-        try:  # a new store: its verification caches are empty, the first calls cold
+        for p in store_caches(root):  # a new store: its caches are empty, the first calls cold
+            p.unlink()
+        one_new = None
+        try:
             check_cold, (_, cold_problems) = timed(lambda: check.check([str(root)]))
             check_warm, (count, problems) = timed(lambda: check.check([str(root)]))
             report_cold, cold_text = timed(lambda: report.render([str(root)]))
             report_warm, text = timed(lambda: report.render([str(root)]))
+            if args.one_new:
+                add_one(root, Path(args.source))
+                one_new, new_text = timed(lambda: report.render([str(root)]))
+                if new_text == text:
+                    raise SystemExit("harness.bench: the report did not change when an artifact was added")
         finally:
-            for p in caches:
+            for p in store_caches(root):
                 p.unlink(missing_ok=True)
     if text != cold_text or problems != cold_problems:
         raise SystemExit("harness.bench: the warm check or report differs from the cold one (a cache bug)")
@@ -79,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"artifacts": count, "check_cold_s": round(check_cold, 3), "check_warm_s": round(check_warm, 3),
               "check_target_s": args.check_target, "report_cold_s": round(report_cold, 3),
               "report_warm_s": round(report_warm, 3), "report_target_s": args.report_target,
+              **({"report_one_new_s": round(one_new, 3)} if one_new is not None else {}),
               "problems": len(problems) - dirty, "met": ok, "loadavg_before": load,
               "cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0]}
     print(json.dumps(result, indent=1))

@@ -165,3 +165,106 @@ def _prune(folder: Path) -> None:
                 p.unlink()
         except (OSError, ValueError, AttributeError):
             continue
+
+
+# ---- parsed-object caches of stores: what reading a file gave, for files unchanged since -----------------------
+#
+# The same rules as StoreCache (under the user's cache folder, one set of files per store and purpose, its body's
+# sha256 in its head, of this code version only, replaced atomically), the body a pickle: unpickled only after its
+# sha256 matched, and then by an unpickler that builds no object of a class outside `allowed` ((module, name)
+# pairs of modules already imported): a cache planted or damaged is ignored, never run. Sharded by a hash of the
+# entry's key, so that one file changed in a large store rewrites one shard, not the whole cache.
+
+PICKLE_SHARDS = 32
+
+
+class _Unpickler:
+    """pickle.Unpickler that resolves only the (module, name) pairs it is given."""
+
+    def __new__(cls, data: bytes, allowed: frozenset):
+        import io
+        import pickle
+        import sys
+
+        class Restricted(pickle.Unpickler):
+            def find_class(self, module: str, name: str) -> Any:
+                if (module, name) not in allowed or module not in sys.modules:
+                    raise pickle.UnpicklingError(f"{module}.{name}: not a class this cache may hold")
+                return getattr(sys.modules[module], name)
+        return Restricted(io.BytesIO(data))
+
+
+def shard_of(key: str) -> int:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()[0] % PICKLE_SHARDS
+
+
+def load_pickle(path: Path, meta: dict, allowed: frozenset) -> Any:
+    """The value of a pickle cache file whose head is `meta` with its body's sha256, unpickled resolving only the
+    `allowed` classes; None where the file is missing, unreadable, corrupt, of other meta, or not allowed."""
+    try:
+        from harness.store import read_bytes
+        head, _, body = read_bytes(path, limit=4 << 30).partition(b"\n")
+        if json.loads(head) != {**meta, "sha256": hashlib.sha256(body).hexdigest()}:
+            return None
+        return _Unpickler(body, allowed).load()
+    except Exception:  # missing, unreadable, a link, corrupt, a class not allowed: nothing is trusted
+        return None
+
+
+def save_pickle(path: Path, meta: dict, value: Any) -> None:
+    """Write a pickle cache file (head: `meta` and the body's sha256) atomically; a cache folder that cannot be
+    written, or a value that cannot be pickled, is no error (the next run computes again)."""
+    import pickle
+    import tempfile
+    try:
+        body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        head = json.dumps({**meta, "sha256": hashlib.sha256(body).hexdigest()}).encode()
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(head + b"\n" + body)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except (OSError, pickle.PicklingError, TypeError, AttributeError):
+        pass
+
+
+class PickleCache:
+    """One store's parsed-object cache for one purpose: key -> value (picklable), in PICKLE_SHARDS files. `load`
+    gives the entries of every intact shard (a shard unreadable, corrupt, of another code version, or holding a
+    class outside `allowed`, gives none: its files are read again); `save` rewrites the shards whose entries
+    changed."""
+
+    def __init__(self, purpose: str, store: Path, allowed: frozenset, options: str = "") -> None:
+        self.real = str(Path(store).resolve())
+        self.meta = {"format": CACHE_FORMAT, "code": code_version(), "store": self.real, "options": options}
+        self.base = store_cache_path(purpose, store, options)
+        self.allowed = allowed
+
+    def _path(self, shard: int) -> Path:
+        return self.base.with_name(f"{self.base.stem}-{shard:02d}.cache")
+
+    def load(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for shard in range(PICKLE_SHARDS):
+            entries = load_pickle(self._path(shard), {**self.meta, "shard": shard}, self.allowed)
+            if isinstance(entries, dict) and all(isinstance(k, str) and shard_of(k) == shard for k in entries):
+                out.update(entries)
+        return out
+
+    def save(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """Write the shards whose entries differ from `old` (what load gave): by identity of their values, so a
+        value read from the cache is never pickled again; nothing when nothing changed. A cache folder that
+        cannot be written leaves the next run to read the files again, never an error."""
+        changed = {shard_of(k) for k in old.keys() ^ new.keys()}
+        changed |= {shard_of(k) for k, v in new.items() if k in old and old[k] is not v}
+        shards: dict[int, dict[str, Any]] = {s: {} for s in changed}
+        for k, v in new.items():
+            s = shard_of(k)
+            if s in shards:
+                shards[s][k] = v
+        for shard, entries in sorted(shards.items()):
+            save_pickle(self._path(shard), {**self.meta, "shard": shard}, entries)

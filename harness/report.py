@@ -230,7 +230,8 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
                for a in ok}
     calibration = aa_calibration(an) if ok and len(configs) == 1 and len(an.arms) > 1 else None
     engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit, analysis.build_id(a.engine)) for a in arts})
-    model_files = sorted({(a.model.form, f.path, f.sha256[:12]) for a in arts for f in a.model.weight_files() or []})
+    models = {id(a.model): a.model for a in arts}.values()  # each record once: runs share them (_share)
+    model_files = sorted({(m.form, f.path, f.sha256[:12]) for m in models for f in m.weight_files() or []})
     between = [{"cell": b.cell.replace("batch=1,", ""), "arm": b.arm, "metric": b.metric,
                 "series": [{"label": f.label, "median": _fmt(f.median),
                             "median_ci": "n<6: no interval" if f.median_ci is None else
@@ -342,23 +343,24 @@ def printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
-def collect(store_dirs: list[str]) -> Collected:
+def collect(store_dirs: list[str], listing: list | None = None, inputs: list | None = None) -> Collected:
     """Read the stores through the one door check also uses: a file that is not a plain, bounded, valid
     artifact whose id matches its bytes, or that check refuses (check.accepted), is left out and named in
-    `left_out`, never rendered."""
+    `left_out`, never rendered. `listing`: the stores' files as _listing gave them; `inputs`: filled with what
+    the report is rendered from, per store (as _cached_inputs gives it)."""
     by_grid: dict[str, list[RunArtifact]] = defaultdict(list)
     fidelity: dict[str, list] = defaultdict(list)
     calibrations = []
     where: dict[str, str] = {}
     references = []
     left_out: list[str] = []
-    for d in store_dirs:
-        st = Store(Path(d))
-        # references (large) are read through their fidelity artifacts, never rendered
-        paths = [p for p in st.iter_paths() if p.parent.parent.name != "quality"]
-        left_out += st.left_out
-        ok, refused = _load_accepted(Path(d), paths)
+    for d, paths, store_left_out in listing if listing is not None else _listing(store_dirs):
+        left_out += store_left_out
+        accepted_ids: list[tuple[str, str]] = []
+        ok, refused = _load_accepted(Path(d), paths, accepted_ids)
         left_out += refused
+        if inputs is not None:
+            inputs.append((str(d), accepted_ids, store_left_out + refused))
         for a in ok:
             where.setdefault(a.id, str(d))
             if a.kind == "run":
@@ -373,14 +375,32 @@ def collect(store_dirs: list[str]) -> Collected:
                      left_out)
 
 
-def _load_accepted(d: Path, paths: list[Path]) -> tuple[list, list[str]]:
+def _listing(store_dirs: list[str]) -> list[tuple[str, list[Path], list[str]]]:
+    """Per store folder: its artifact files the report reads, and a line per entry that is no file to read."""
+    out = []
+    for d in store_dirs:
+        st = Store(Path(d))
+        # references (large) are read through their fidelity artifacts, never rendered
+        paths = [p for p in st.iter_paths() if p.parent.parent.name != "quality"]
+        out.append((d, paths, list(st.left_out)))
+    return out
+
+
+def _ok_id(hit: Any) -> str | None:
+    """The id of an accepted file's verdict-cache entry (["ok", id]); None for any other entry."""
+    return hit[1] if isinstance(hit, list) and len(hit) == 2 and hit[0] == "ok" and isinstance(hit[1], str) else None
+
+
+def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None) -> tuple[list, list[str]]:
     """The artifacts of one store folder that load (regular, bounded, hashing to their id) and that check accepts
     (check.accepted: every content rule, the tree state aside: a dirty tree's run is a real run, and the published
     store's tree state is gated by `harness check` in CI), in file order; a line per file left out, those that did
     not load first. Incremental: each file's verdict is kept in the store's verification cache (hashcache.
     StoreCache, under the user's cache folder) while the file is unchanged, and an accepted file unchanged since
-    is parsed again (its bytes read only when the open file still has the verified stamp) but neither hashed nor
-    checked again."""
+    is neither read, hashed, checked nor parsed again: the artifact it gave is kept beside the verdict, pickled
+    (hashcache.PickleCache, under the same stamp). An entry of either whose stamp differs is a file read, verified
+    and parsed as the first time. `accepted_ids`: filled with (path relative to `d`, id) of each accepted file,
+    where the store is cached (None otherwise)."""
     import os
     import time
 
@@ -391,6 +411,10 @@ def _load_accepted(d: Path, paths: list[Path]) -> tuple[list, list[str]]:
     from harness.hashcache import StoreCache, stamp
     from harness.store import read_if_unchanged
     cache = StoreCache("report", d) if len(paths) >= CACHE_FROM else None
+    pcache = _parsed_cache(d) if cache is not None else None
+    parsed_old = pcache.load() if pcache is not None else {}
+    parsed: dict[str, tuple] = {}
+    shared: dict = {}  # the sub-objects of the artifacts parsed now, each shared with an equal one (_share)
     arts, unloadable, refused = [], [], []
     now = time.time_ns()  # before any file is stat'd or read (StoreCache.put)
     for p in paths:
@@ -402,13 +426,26 @@ def _load_accepted(d: Path, paths: list[Path]) -> tuple[list, list[str]]:
             except OSError:
                 pass
             hit = cache.get(rel, st) if st else None
-        if hit == "ok":
+        hit_id = _ok_id(hit)
+        if hit_id is not None:
+            entry = parsed_old.get(rel)
+            if _parsed_entry_ok(entry, st, hit_id):
+                arts.append(entry[1])  # type: ignore[index]
+                parsed[rel] = entry  # type: ignore[assignment]
+                _note(accepted_ids, rel, hit_id)
+                continue
             raw = read_if_unchanged(p, st)  # type: ignore[arg-type]
             try:
-                arts.append(parse(pydantic_core.from_json(raw, allow_inf_nan=False), where))
-                continue
+                a = parse(pydantic_core.from_json(raw, allow_inf_nan=False), where)
+                if a.id != hit_id:
+                    raise ValueError("not the artifact verified")
             except Exception:  # changed since (None), or not what was verified: loaded and checked below
                 pass
+            else:
+                arts.append(_share(a, shared))
+                parsed[rel] = (st, a)
+                _note(accepted_ids, rel, hit_id)
+                continue
         elif isinstance(hit, list) and len(hit) == 2 and hit[0] in ("load", "refused") and all(
                 isinstance(x, str) for x in hit[1]):
             (unloadable if hit[0] == "load" else refused).extend(f"{where}: {x}" for x in hit[1])
@@ -423,11 +460,68 @@ def _load_accepted(d: Path, paths: list[Path]) -> tuple[list, list[str]]:
             arts += good
             refused += lines
             kind = "refused" if lines else "ok"
+            if good and cache is not None:
+                _note(accepted_ids, rel, a.id)
         if st and all(line.startswith(f"{where}: ") for line in lines):
-            cache.put(rel, st, "ok" if kind == "ok" else [kind, [line[len(where) + 2:] for line in lines]], now)
+            cache.put(rel, st, ["ok", a.id] if kind == "ok" else [kind, [line[len(where) + 2:] for line in lines]],
+                      now)
+            if kind == "ok" and rel in cache.new:  # its verdict is kept: so is what it parsed to
+                parsed[rel] = (st, _share(a, shared))
     if cache is not None:
         cache.save()
+        pcache.save(parsed_old, parsed)  # type: ignore[union-attr]
+    elif accepted_ids is not None:
+        accepted_ids.append(None)  # an uncached store: its inputs are not known without reading it (_inputs)
     return arts, unloadable + refused
+
+
+def _note(accepted_ids: list | None, rel: str, aid: str) -> None:
+    if accepted_ids is not None:
+        accepted_ids.append((rel, aid))
+
+
+def _artifact_classes() -> tuple[type, ...]:
+    from pydantic import BaseModel
+
+    from harness import artifact
+    return tuple(v for v in vars(artifact).values()
+                 if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == artifact.__name__)
+
+
+def _parsed_cache(d: Path):
+    from harness.artifact import ARTIFACT_TYPES
+    from harness.hashcache import PickleCache
+    allowed = frozenset((c.__module__, c.__name__) for c in _artifact_classes())
+    return PickleCache("report-parsed", d, allowed, options=",".join(sorted(ARTIFACT_TYPES)))
+
+
+def _parsed_entry_ok(entry: Any, st: list[int] | None, aid: str) -> bool:
+    """Whether a parsed-cache entry is (the stamp the verdict was read with, an artifact of a known kind with the
+    verdict's id)."""
+    from harness.artifact import ARTIFACT_TYPES
+    return (isinstance(entry, tuple) and len(entry) == 2 and entry[0] == st
+            and type(entry[1]) in ARTIFACT_TYPES.values() and getattr(entry[1], "id", None) == aid)
+
+
+# Sub-objects of an artifact that many runs share (the same tree, machine, model, engine, settings): an artifact
+# parsed from its file has them shared with an equal one parsed in the same call (equal in type and in every
+# value), so that the pickled cache holds, and reads back, each once. Frozen models, never written to.
+SHARED_FIELDS = ("harness", "host", "model", "engine", "execution", "workload", "residency")
+
+
+def _share_key(v: Any) -> bytes:
+    """Equal pickles are equal objects: the type and every value (a dict's key order too: no sharing there)."""
+    import pickle
+    return pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _share(a: Any, table: dict) -> Any:
+    d = a.__dict__
+    for f in SHARED_FIELDS:
+        v = d.get(f)
+        if v is not None and hasattr(v, "model_dump_json"):
+            d[f] = table.setdefault(_share_key(v), v)
+    return a
 
 
 # The speed grids whose builds are set against the machine's ceiling (when they are in the store).
@@ -642,11 +736,31 @@ def build_all(store_dirs: list[str] | None = None, template: str = "results.md.j
                 raise UserError(str(d), "--store: no such store directory", "pass the folder that holds <grid>/<id>.json")
     store_dirs = [str(d) for d in store_dirs] if store_dirs else ["artifacts", "baselines"]
     with gc_paused():  # thousands of parsed artifacts and the rows made from them: trees, no cycles
-        return _build_all(store_dirs, template)
+        try:
+            return _build_all(store_dirs, template)
+        finally:
+            analysis.forget()
 
 
 def _build_all(store_dirs: list[str], template: str) -> tuple[str, list[dict], dict]:
-    c = collect([d for d in store_dirs if Path(d).exists()])
+    """build_all, memoized: where every file's verdict is in its store's verification cache under the file's
+    current stamp, the report of exactly these inputs (_output_key) rendered before is read back (_Output)."""
+    dirs = [d for d in store_dirs if Path(d).exists()]
+    listing = _listing(dirs)
+    memo = _Output(store_dirs, template)
+    known = _cached_inputs(listing)
+    if known is not None:
+        hit = memo.load(known)
+        if hit is not None:
+            return hit
+    inputs: list = []
+    out = _render_all(store_dirs, template, collect(dirs, listing, inputs))
+    if all(None not in ids for _, ids, _ in inputs):
+        memo.save(inputs, out)
+    return out
+
+
+def _render_all(store_dirs: list[str], template: str, c: Collected) -> tuple[str, list[dict], dict]:
     newest = analysis.newest_by_grid_and_host(c.runs)  # each speed grid's newest series per host, once
     gates = analysis.fidelity_gates([a for arts in c.fidelity.values() for a in arts])
     fsections = [fidelity_section(name, host_arts, newest)
@@ -670,6 +784,102 @@ def _build_all(store_dirs: list[str], template: str) -> tuple[str, list[dict], d
            "left_out": [printable(line) for line in c.left_out],
            "hosts": hosts_rows(c), "across_hosts": across_hosts(sections)}
     return _env().get_template(template).render(**ctx), sections, ctx
+
+
+def _cached_inputs(listing: list) -> list | None:
+    """What collect would record as the stores' inputs (per store: its path, (file, id) of each accepted file,
+    the lines of those left out), read from the verification caches alone: None unless every store is cached
+    and every file's verdict is there under the file's current stamp."""
+    import os
+
+    from harness.check import CACHE_FROM, _relative
+    from harness.hashcache import StoreCache, stamp
+    out = []
+    for d, paths, left_out in listing:
+        if len(paths) < CACHE_FROM:
+            return None
+        root = Path(d)
+        cache = StoreCache("report", root)
+        ids, unloadable, refused = [], [], []
+        for p in paths:
+            try:
+                st = stamp(os.lstat(p))
+            except OSError:
+                return None
+            rel = _relative(p, root)
+            hit = cache.get(rel, st)
+            aid = _ok_id(hit)
+            if aid is not None:
+                ids.append((rel, aid))
+            elif isinstance(hit, list) and len(hit) == 2 and hit[0] in ("load", "refused") and all(
+                    isinstance(x, str) for x in hit[1]):
+                (unloadable if hit[0] == "load" else refused).extend(f"{p}: {x}" for x in hit[1])
+            else:
+                return None
+        out.append((str(d), ids, left_out + unloadable + refused))
+    return out
+
+
+# What a rendered report may hold besides builtins and the artifact classes (some sections keep an artifact's
+# records, e.g. a fidelity grid's prompt set): the numbers some rows keep as numpy scalars.
+OUTPUT_CLASSES = frozenset({("numpy", "dtype"), ("numpy._core.multiarray", "scalar"),
+                            ("numpy.core.multiarray", "scalar")})
+
+
+class _Output:
+    """The last report rendered from a list of stores with a template, under the user's cache folder (one file
+    per list and template), with the key of every input it was rendered from (_output_key). Read back only
+    under the same key; a file unreadable, corrupt, of another key or holding anything but builtins, artifact
+    records and numpy numbers is ignored (and replaced by the next render)."""
+
+    def __init__(self, store_dirs: list[str], template: str) -> None:
+        from harness.hashcache import CACHE_FORMAT, code_version, store_cache_path
+        self.store_dirs, self.template = list(store_dirs), template
+        real = [str(Path(d).resolve()) for d in store_dirs]
+        first = next((r for r in real if Path(r).is_dir()), "")
+        self.path = store_cache_path("report-output", Path(first or "."), json.dumps([real, template]))
+        self.meta = {"format": CACHE_FORMAT, "code": code_version(), "store": first}
+
+    def key(self, inputs: list) -> str:
+        return _output_key(self.store_dirs, self.template, inputs)
+
+    def load(self, inputs: list) -> tuple[str, list[dict], dict] | None:
+        from harness.hashcache import load_pickle
+        allowed = OUTPUT_CLASSES | frozenset((c.__module__, c.__name__) for c in _artifact_classes())
+        v = load_pickle(self.path, {**self.meta, "key": self.key(inputs)}, allowed)
+        ok = isinstance(v, tuple) and len(v) == 3 and isinstance(v[0], str) and isinstance(v[1], list) \
+            and isinstance(v[2], dict)
+        return v if ok else None  # type: ignore[return-value]
+
+    def save(self, inputs: list, out: tuple[str, list[dict], dict]) -> None:
+        from harness.hashcache import save_pickle
+        save_pickle(self.path, {**self.meta, "key": self.key(inputs)}, out)
+
+
+def _output_key(store_dirs: list[str], template: str, inputs: list) -> str:
+    """Every input of a report: the stores named (in order) and, per store read, each accepted file's path and
+    id and each line left out; the template; the harness's source (hashcache.code_version: Python and
+    pydantic-core too) and the versions of the libraries it renders with; the bytes of every template and
+    hardware class file (the hosts table reads the classes' caps)."""
+    import importlib.metadata
+
+    from harness import hardware
+    from harness.hashcache import code_version
+    h = hashlib.sha256()
+    libs = {}
+    for lib in ("jinja2", "markupsafe", "numpy", "scipy", "pydantic"):
+        try:
+            libs[lib] = importlib.metadata.version(lib)
+        except importlib.metadata.PackageNotFoundError:
+            libs[lib] = None
+    h.update(json.dumps({"code": code_version(), "template": template, "stores": [str(d) for d in store_dirs],
+                         "libs": libs}, sort_keys=True).encode())
+    for folder, pattern in ((Path(TEMPLATES), "**/*"), (Path(hardware.CLASSES_DIR), "*.yaml")):
+        for p in sorted(folder.glob(pattern)):
+            if p.is_file():
+                h.update(b"\0" + str(p).encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    h.update(json.dumps(inputs).encode())
+    return h.hexdigest()
 
 
 def _scale(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | None:

@@ -32,3 +32,10 @@ def test_bench_fails_a_target_it_misses(capsys, monkeypatch):
                    "--report-target", "0")
     assert out["artifacts"] == 30 and out["problems"] == 0
     assert rc == 1 and out["met"] is False and out["report_warm_s"] > 0
+
+
+def test_bench_times_a_report_after_one_new_artifact(capsys, monkeypatch):
+    source = str(PROJECT_ROOT / "artifacts" / "quickstart")
+    rc, out = _run(capsys, monkeypatch, "-n", "30", "--source", source, "--check-target", "600",
+                   "--report-target", "600", "--one-new")
+    assert set(out) == FIELDS | {"report_one_new_s"} and out["report_one_new_s"] > 0 and rc == 0
