@@ -8,6 +8,7 @@ grids/llamacpp-builds.yaml, not a test."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -231,3 +232,24 @@ def _req(tmp_path: Path) -> Path:
     p = tmp_path / "req.json"
     p.write_text("{}")
     return p
+
+
+def test_a_llamacpp_fidelity_build_may_name_its_own_build(tmp_path):
+    """A fidelity build's `build:` (as a speed arm's): its source resolved against the grid file and checked at
+    load; prebuilt binaries refused (the fidelity tool links against a build's libraries)."""
+    from harness import fidelity
+    from harness.errors import UserError
+    prompts = Path(__file__).resolve().parents[1] / "grids" / "prompts" / "fidelity-v1.json"
+    tree = _fake_tree(tmp_path / "tree")
+    body = (f"kind: fidelity\nname: f\nmodel: tiny-llama\nprompts: {prompts}\ngen_len: 4\nthreads: 1\n"
+            "thresholds: {min_top1_agreement: 0.5}\nbuilds:\n  - {name: mine, engine: llama.cpp, form: gguf-f32, "
+            "options: {build: BUILD}}\n")
+    g = tmp_path / "f.yaml"
+    g.write_text(body.replace("BUILD", "{source: tree, flags: [-DGGML_LLAMAFILE=OFF]}"))
+    b = fidelity.load_grid(g).builds[0]
+    assert b.options["build"] == {"source": str(tree), "flags": ["-DGGML_LLAMAFILE=OFF"]}
+    for build, says in (("{bin: tree}", "builds[0].options.build.bin: the fidelity tool links"),
+                        ("{source: nowhere}", "build.source"), ("{source: tree, flags: [X]}", "-DNAME=VALUE")):
+        g.write_text(body.replace("BUILD", build))
+        with pytest.raises(UserError, match=re.escape(says)):
+            fidelity.load_grid(g)

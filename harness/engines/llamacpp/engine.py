@@ -72,6 +72,7 @@ class LlamaCpp(Engine):
     reference_form = "gguf-bf16"
     accepts_file = True
     auto_form = True
+    fidelity_options = frozenset({"build"})  # a build of your llama.cpp tree, scored against the reference
     step_parts = {"schedule": "llama.cpp: none, the loop decodes every unfinished sequence",
                   "prepare": "llama.cpp: filling the llama_batch",
                   "forward": "llama.cpp: llama_decode, graph build and compute",
@@ -227,13 +228,40 @@ class LlamaCpp(Engine):
                             attribution=metrics.attribution(samples, ATTRIBUTION_SOURCE))
 
     # ---- fidelity -------------------------------------------------------------------------------------
+    def fidelity_check_options(self, path: str, fld: str, options: dict) -> dict:
+        """A build's `build: {source: DIR | pinned, flags: [...]}` (as a speed arm's), its source resolved against
+        the grid file: the fidelity tool is linked against that build's libraries."""
+        if options.get("build") is None:
+            return options
+        try:
+            opt = llamacpp_build.BuildOption.model_validate(options["build"])
+        except Exception as e:
+            raise UserError(path, f"{fld}.build: {str(e).splitlines()[-1].strip()}", "build: {source: DIR, flags: "
+                            "[-DNAME=VALUE]}") from None
+        if opt.bin is not None:
+            raise UserError(path, f"{fld}.build.bin: the fidelity tool links against a build's static libraries; "
+                            "prebuilt binaries come without them", "build: {source: DIR}")
+        ub = llamacpp_build.user_build_of(path, opt)
+        llamacpp_build.check_user_build(ub, f"{path}: {fld}.build")
+        return {**options, "build": {"source": str(ub.source), "flags": list(ub.flags)}}
+
+    @staticmethod
+    def _fidelity_build(options: dict | None):
+        b = (options or {}).get("build")
+        return llamacpp_build.user_build_of("/", llamacpp_build.BuildOption.model_validate(b)) if b else None
+
     def fidelity_block(self, options: dict | None = None) -> dict[str, Any]:
-        return {**self._tool_block(FIDELITY_TOOL), "patches": [], "overrides": {}}
+        ub = self._fidelity_build(options)
+        with llamacpp_build.user_build(ub):
+            if ub is not None:
+                llamacpp_build.build()  # cached by tree and flags
+            return {**self._tool_block(FIDELITY_TOOL), "patches": [], "overrides": {}}
 
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
                          out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
-        cmd = [str(llamacpp_build.tool(FIDELITY_TOOL)), "-m", str(model_path), "-t", str(threads), "-i", str(req_path),
-               "-o", str(out_path)]
+        with llamacpp_build.user_build(self._fidelity_build(options)):
+            exe = llamacpp_build.tool(FIDELITY_TOOL)
+        cmd = [str(exe), "-m", str(model_path), "-t", str(threads), "-i", str(req_path), "-o", str(out_path)]
         return cmd, {"OMP_NUM_THREADS": str(threads)}
 
 
