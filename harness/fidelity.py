@@ -377,7 +377,7 @@ def _find_reference(refs: Store, g: FidelityGrid, engine: str, form: str, eng: d
 
 
 def _new_reference(g: FidelityGrid, engine: str, form: str, mblock: dict, mpath: Path, eng: dict, prompts: PromptSet,
-                   n_ctx: int, workroot: Path, harness: dict) -> Any:
+                   n_ctx: int, workroot: Path, harness: dict, options: dict | None = None) -> Any:
     """Generate a reference artifact: greedy outputs of the reference build, and the distributions of the
     teacher-forced pass over its own greedy tokens (the same computation a build is scored with, so that a
     build identical to the reference scores top-1 1 and KL 0)."""
@@ -386,7 +386,7 @@ def _new_reference(g: FidelityGrid, engine: str, form: str, mblock: dict, mpath:
                "prompts": [{"ids": p["ids"], "self_forced": True} for p in prompts.prompts]}
     span = provenance.Span()
     dtype = get_engine(engine).fidelity_dtype(form, {})
-    res = generate(g, engine, mpath, dtype, request, wd)
+    res = generate(g, engine, mpath, dtype, request, wd, options or None)
     if res["status"] != "ok":
         raise UserError(f"reference {engine} {form}", f"{res['error']}", "fix the engine (see the message) and rerun; "
                         "no fidelity can be measured without its reference")
@@ -438,26 +438,34 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
           f"prompt set {prompts.ref['sha256'][:12]}", file=out)
     run_ = FidelityRun([], [], [])
     engines = sorted({b.engine for b in g.builds} | {a for _, a in g.cross_engine})
-    references: dict[str, Any] = {}
+    # one reference per build of each engine: the default one, and each other build (its own tree or
+    # environment: Engine.reference_options) against its own bf16
+    def ref_key(b: Build) -> tuple[str, str]:
+        return b.engine, json.dumps(get_engine(b.engine).reference_options(b.options), sort_keys=True)
+    ref_opts = {ref_key(b): json.loads(ref_key(b)[1]) for b in g.builds}
+    ref_opts.update({(a, "{}"): {} for _, a in g.cross_engine})
+    references: dict[tuple[str, str], Any] = {}
     eng_blocks = {e: engine_block(e) for e in engines}
-    for e in engines:
+    for (e, k), opts in sorted(ref_opts.items()):
         form = reference_form(g, e)
+        label = f"{e} {form}" + (f" ({', '.join(f'{n}: {v}' for n, v in sorted(opts.items()))})" if opts else "")
+        eng = engine_block(e, opts) if opts else eng_blocks[e]
         mblock, mpath = _model_block(g, form)
-        ref = _find_reference(refs, g, e, form, eng_blocks[e], mblock["files"], prompts, out)
+        ref = _find_reference(refs, g, e, form, eng, mblock["files"], prompts, out)
         if ref is None:
-            print(f"[fidelity] reference {e} {form}: generating", file=out, flush=True)
-            ref = _new_reference(g, e, form, mblock, mpath, eng_blocks[e], prompts, n_ctx, workroot, harness)
+            print(f"[fidelity] reference {label}: generating", file=out, flush=True)
+            ref = _new_reference(g, e, form, mblock, mpath, eng, prompts, n_ctx, workroot, harness, opts)
             path = refs.write(ref)
             run_.written.append(path)
-            print(f"[fidelity] reference {e} {form}: {path}", file=out)
+            print(f"[fidelity] reference {label}: {path}", file=out)
         else:
-            print(f"[fidelity] reference {e} {form}: reusing {ref.id[:12]}", file=out)
-        references[e] = ref
+            print(f"[fidelity] reference {label}: reusing {ref.id[:12]}", file=out)
+        references[(e, k)] = ref
 
     jobs = [(b, b.engine, False) for b in g.builds] + [(next(b for b in g.builds if b.name == n), a, True)
                                                        for n, a in g.cross_engine]
     for b, against, cross in jobs:
-        ref = references[against]
+        ref = references[(against, "{}") if cross else ref_key(b)]
         mblock, mpath = _model_block(g, b.form, b.path)
         dtype = get_engine(b.engine).fidelity_dtype(b.form, b.options)
         request = {"n_predict": g.gen_len, "top_k": g.top_k, "n_ctx": n_ctx,

@@ -248,6 +248,9 @@ def test_a_llamacpp_fidelity_build_may_name_its_own_build(tmp_path):
     g.write_text(body.replace("BUILD", "{source: tree, flags: [-DGGML_LLAMAFILE=OFF]}"))
     b = fidelity.load_grid(g).builds[0]
     assert b.options["build"] == {"source": str(tree), "flags": ["-DGGML_LLAMAFILE=OFF"]}
+    from harness.engines import get_engine  # its reference is made by that same build (check: same engine build)
+    assert get_engine("llama.cpp").reference_options(b.options) == {"build": b.options["build"]}
+    assert get_engine("llama.cpp").reference_options({}) == {}
     for build, says in (("{bin: tree}", "builds[0].options.build.bin: the fidelity tool links"),
                         ("{source: nowhere}", "build.source"), ("{source: tree, flags: [X]}", "-DNAME=VALUE")):
         g.write_text(body.replace("BUILD", build))

@@ -248,6 +248,11 @@ class Engine(ABC):
         made absolute): an error is one line naming the grid file and field."""
         return options
 
+    def reference_options(self, options: dict) -> dict:
+        """Of a fidelity build's options, those that make it another build of the engine (its own tree, its own
+        environment): such a build is scored against a reference of that same build, its own bf16."""
+        return {}
+
     def fidelity_block(self, options: dict | None = None) -> dict[str, Any]:
         """The engine block of a fidelity or reference artifact (`options`: the build's, absent for a reference)."""
         info = self.engine_info()

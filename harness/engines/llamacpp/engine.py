@@ -245,6 +245,9 @@ class LlamaCpp(Engine):
         llamacpp_build.check_user_build(ub, f"{path}: {fld}.build")
         return {**options, "build": {"source": str(ub.source), "flags": list(ub.flags)}}
 
+    def reference_options(self, options: dict) -> dict:
+        return {"build": options["build"]} if options.get("build") else {}
+
     @staticmethod
     def _fidelity_build(options: dict | None):
         b = (options or {}).get("build")

@@ -479,6 +479,9 @@ class Vllm(Engine):
         self._check_python(path, f"{fld}.python", python, options.get("patches"))
         return {**options, "python": python}
 
+    def reference_options(self, options: dict) -> dict:
+        return {"python": options["python"]} if options.get("python") else {}
+
     def fidelity_block(self, options: dict | None = None) -> dict[str, Any]:
         info = self.engine_info((options or {}).get("python"))
         return {"name": info["name"], "version": info["version"], "build_commit": info["build_commit"],
