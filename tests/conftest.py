@@ -65,3 +65,24 @@ def vllm_process():
     r = subprocess.run([sys.executable, "-c", VLLM_PROCESS], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+CACHED_SOURCES = ("artifacts/fidelity", "artifacts/quickstart", "artifacts/decode-compiled", "baselines/quality",
+                  "baselines/calibration")
+
+
+@pytest.fixture
+def cached_store(tmp_path, monkeypatch):
+    """A store of published artifacts of every kind (fidelity with their references), a cache folder of its own,
+    and caching from the first artifact. Files are cached at once (RACY_NS 0) unless a test says otherwise."""
+    import shutil
+
+    from harness import check, hashcache
+    from harness.paths import PROJECT_ROOT
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(check, "CACHE_FROM", 0)
+    monkeypatch.setattr(hashcache, "RACY_NS", 0)
+    root = tmp_path / "store"
+    for src in CACHED_SOURCES:
+        shutil.copytree(PROJECT_ROOT / src, root / Path(src).name)
+    return root

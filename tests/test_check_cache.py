@@ -14,23 +14,12 @@ from pathlib import Path
 import pytest
 
 from harness import check, hashcache, report, store
-from harness.paths import PROJECT_ROOT
-
-SOURCES = ("artifacts/fidelity", "artifacts/quickstart", "artifacts/decode-compiled", "baselines/quality",
-           "baselines/calibration")
-
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def env(cached_store):
     """A store of published artifacts of every kind (fidelity with their references), a cache folder of its own,
-    and caching from the first artifact. Files are cached at once (RACY_NS 0) unless a test says otherwise."""
-    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(check, "CACHE_FROM", 0)
-    monkeypatch.setattr(hashcache, "RACY_NS", 0)
-    root = tmp_path / "store"
-    for src in SOURCES:
-        shutil.copytree(PROJECT_ROOT / src, root / Path(src).name)
-    return root
+    caching from the first file (tests/conftest.py)."""
+    return cached_store
 
 
 def _uncached(root: Path, monkeypatch) -> tuple[int, list[str]]:

@@ -15,20 +15,11 @@ import pytest
 from harness import analysis, artifact, check, hashcache, report, store
 from harness.paths import PROJECT_ROOT
 
-SOURCES = ("artifacts/fidelity", "artifacts/quickstart", "artifacts/decode-compiled", "baselines/quality",
-           "baselines/calibration")
-
-
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    """A store of published artifacts of every kind, a cache folder of its own, caching from the first file."""
-    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(check, "CACHE_FROM", 0)
-    monkeypatch.setattr(hashcache, "RACY_NS", 0)
-    root = tmp_path / "store"
-    for src in SOURCES:
-        shutil.copytree(PROJECT_ROOT / src, root / Path(src).name)
-    return root
+def env(cached_store):
+    """A store of published artifacts of every kind (fidelity with their references), a cache folder of its own,
+    caching from the first file (tests/conftest.py)."""
+    return cached_store
 
 
 def _uncached(root: Path, monkeypatch) -> str:
