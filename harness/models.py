@@ -98,11 +98,11 @@ def _convert_gguf(hf_dir: Path, out: Path, outtype: str) -> None:
          f"convert_hf_to_gguf.py --outtype {outtype}", env=_convert_env())
 
 
-def _quantize(src: Path, out: Path, qtype: str) -> None:
+def _quantize(src: Path, out: Path, qtype: str, requantize: bool = False) -> None:
     from harness.engines.llamacpp import build as llamacpp_build
     with _pinned():
         exe = str(llamacpp_build.binary("llama-quantize"))
-    _run([exe, str(src), str(out), qtype], f"llama-quantize {qtype}")
+    _run([exe, *(["--allow-requantize"] if requantize else []), str(src), str(out), qtype], f"llama-quantize {qtype}")
 
 
 def _hf_from_gguf(gguf_path: Path, out_fp32: Path, out_bf16: Path) -> dict:
@@ -341,8 +341,8 @@ def user_forms(um: Any) -> list[str]:
     if um.kind == "gguf":
         info = gguf_info(um.path, str(um.path))
         own = f"gguf-{info['file_type'] or 'unknown'}"
-        if info["architecture"] not in GGUF_TO_HF:
-            return [own]
+        if info["architecture"] not in GGUF_TO_HF:  # no HF form: llama-quantize requantizes the file itself
+            return list(dict.fromkeys([own, "gguf-q8_0", "gguf-q4_0"]))
         return list(dict.fromkeys([own, "hf-fp32", "hf-bf16", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0"]))
     return list(dict.fromkeys([f"hf-{_hf_dtype(um)[1]}", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0"]))
 
@@ -390,7 +390,10 @@ def build_user(um: Any, work: Path, forms: list[str] | None = None, have: dict |
                 f"its forms: {', '.join(possible)}")
     done: dict[str, dict] = dict(have or {})
     need = set(want)
-    if need & {"gguf-q8_0", "gguf-q4_0"}:
+    requant = None  # a GGUF transformers cannot dequantize: q8_0/q4_0 are made from the file itself
+    if um.kind == "gguf" and gguf_info(um.path, str(um.path))["architecture"] not in GGUF_TO_HF:
+        requant = gguf_info(um.path, str(um.path))["file_type"] or "unknown"
+    if need & {"gguf-q8_0", "gguf-q4_0"} and requant is None:
         need.add("gguf-f32")
     src = {"user_source": str(um.path), "kind": um.kind, "sha256": source_sha256(um)}
     (work / "gguf").mkdir(parents=True, exist_ok=True)
@@ -433,8 +436,15 @@ def build_user(um: Any, work: Path, forms: list[str] | None = None, have: dict |
                                        "from": hf.name}
     for q in ("q8_0", "q4_0"):
         if f"gguf-{q}" in need and f"gguf-{q}" not in done:
-            _quantize(work / "gguf" / "model-f32.gguf", work / "gguf" / f"model-{q}.gguf", q.upper())
-            done[f"gguf-{q}"] = {"path": f"gguf/model-{q}.gguf", "format": "gguf", "dtype": q, "from": "gguf-f32"}
+            if requant is None:
+                _quantize(work / "gguf" / "model-f32.gguf", work / "gguf" / f"model-{q}.gguf", q.upper())
+                how = "gguf-f32"
+            else:
+                _quantize(work / "gguf" / f"model-{requant}.gguf", work / "gguf" / f"model-{q}.gguf", q.upper(),
+                          requantize=requant not in ("f32", "f16", "bf16"))
+                how = f"gguf-{requant} requantized (llama-quantize --allow-requantize)" \
+                    if requant not in ("f32", "f16", "bf16") else f"gguf-{requant}"
+            done[f"gguf-{q}"] = {"path": f"gguf/model-{q}.gguf", "format": "gguf", "dtype": q, "from": how}
     if meta.get("parameters") is None:
         meta["parameters"] = _safetensors_parameters(hf32)
     return {"source": src, **meta, "forms": dict(sorted(done.items())), "forms_possible": possible}

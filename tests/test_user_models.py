@@ -266,7 +266,8 @@ def test_an_engine_that_cannot_load_your_models_architecture_is_refused_at_plan(
     g.write_text(g.read_text().replace("form: gguf-q8_0", "form: gguf-f32"))
     rc, _, err = cli("plan", g)
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
-    assert "arms[vllm].form: model arch-tiny" in err and "has no form hf-fp32: its forms are gguf-f32" in err
+    assert "arms[vllm].form: model arch-tiny" in err
+    assert "has no form hf-fp32: its forms are gguf-f32, gguf-q8_0, gguf-q4_0" in err
     assert "engines that can run it: " in err and "llama.cpp" in err and "vllm" not in err.split("can run it")[1]
 
 
@@ -282,3 +283,19 @@ def test_check_accepts_runs_of_models_this_machine_does_not_know(tmp_path, monke
     assert not models.known("my-smollm2-q4_1") and not models.known("llama-3.2-1b-shape")
     n, problems = check([str(store)])
     assert n >= 54 and problems == []
+
+
+def test_a_gguf_transformers_cannot_dequantize_is_requantized_by_llama_quantize(tmp_path, monkeypatch):
+    """Without HF forms (its architecture, here declared so), q8_0 and q4_0 are made from the quantized file itself
+    (llama-quantize --allow-requantize), and say so."""
+    shutil.copyfile(models.form_path("smollm2-135m", "gguf-q4_1"), tmp_path / "s.gguf")
+    monkeypatch.setattr(usermodels, "GGUF_TO_HF", ())
+    monkeypatch.setattr(models, "models_root", lambda: tmp_path / "models")
+    monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
+    monkeypatch.setattr(models, "USER", {})
+    models.register(usermodels.UserModel("requant", "gguf", tmp_path / "s.gguf"))
+    assert models.user_forms(models.USER["requant"]) == ["gguf-q4_1", "gguf-q8_0", "gguf-q4_0"]
+    models.ensure("requant", ["gguf-q8_0"])
+    m = models.load_manifest("requant")
+    assert set(m["forms"]) == {"gguf-q4_1", "gguf-q8_0"} and "requantized" in m["forms"]["gguf-q8_0"]["from"]
+    assert usermodels.gguf_info(models.form_path("requant", "gguf-q8_0"), "x")["file_type"] == "q8_0"
