@@ -371,7 +371,7 @@ def test_model_given_as_a_mapping_is_one_line(tmp_path, cli):
     p.write_text(GRID.replace("name: g\n", f"name: g\nmodel: {{name: x, gguf: {missing}}}\n"))
     # a model by path is a grid's own (#32): a path that is not there is refused in one line, with the fix
     _one_line_exit_2(cli, p, f"model.gguf: {missing}: No such file or directory", "give an existing GGUF file")
-    with pytest.raises(UserError, match="axes.model: takes model names"):
+    with pytest.raises(UserError, match=r"axes.model\[0\]: give exactly one of gguf: PATH"):  # an axis takes them too
         _spec(axes={"model": [{"name": "x"}]})
     with pytest.raises(UserError, match=r"arms\[0\].engine: unknown engine \{'x': 1\}"):
         _spec(arms=[{"engine": {"x": 1}}])
