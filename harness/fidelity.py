@@ -203,7 +203,7 @@ def load_prompts(g: FidelityGrid) -> PromptSet:
     # siblings, reference_form), and an HF form for the tokenizer
     wanted = [b.form for b in g.builds if b.form] + ["hf-fp32"]
     for r in g.references.values():
-        wanted += [r] if models.can_have(g.model, r) else [r.replace("bf16", "fp32" if r.startswith("hf-") else "f32")]
+        wanted += [r] if models.can_have(g.model, r) else [_full_precision(r)]
     root = models.ensure(g.model, sorted({f for f in wanted if models.can_have(g.model, f)}))
     manifest = models.load_manifest(g.model)
     hf = next((f["path"] for f in manifest["forms"].values() if f["format"] == "safetensors"), None)
@@ -409,6 +409,11 @@ def _decoding(g: FidelityGrid) -> Decoding:
     return Decoding(gen_len=g.gen_len, temperature=0.0, top_k=g.top_k, seed=g.seed)
 
 
+def _full_precision(form: str) -> str:
+    """A bf16 form's full-precision sibling: hf-bf16 -> hf-fp32, gguf-bf16 -> gguf-f32."""
+    return form.replace("bf16", "fp32" if form.startswith("hf-") else "f32")
+
+
 def reference_form(g: FidelityGrid, engine: str) -> str:
     """The form an engine's reference is generated from: the grid's, else the engine's default (bf16) where the
     model has it, else its full-precision sibling (a user's fp32 HF folder has no bf16 form). A form the model
@@ -418,7 +423,7 @@ def reference_form(g: FidelityGrid, engine: str) -> str:
     if form in forms:
         return form
     if engine not in g.named_references:
-        full = form.replace("bf16", "fp32" if form.startswith("hf-") else "f32")
+        full = _full_precision(form)
         if full in forms:
             return full
     raise UserError(g.path, f"references.{engine}: model {g.model} has no {form} form",

@@ -380,19 +380,19 @@ def build_user(um: Any, work: Path, forms: list[str] | None = None, have: dict |
         info = build_synthetic(work, um.name, synthetic_shape(um, str(um.path)))
         info["source"] = {**info["source"], "shape_of": str(um.path), "config_sha256": source_sha256(um)}
         return info
+    info = gguf_info(um.path, str(um.path)) if um.kind == "gguf" else None  # the header, read once
+    dequantizable = info is None or info["architecture"] in GGUF_TO_HF
     possible = user_forms(um)
     want = list(possible if forms is None else forms)
     for f in want:
         if f not in possible:
             raise UserError(f"model {um.name}", f"has no form {f!r}" + (
-                f" (architecture {gguf_info(um.path, str(um.path))['architecture']}: transformers cannot dequantize "
-                "it, so only the GGUF as given)" if um.kind == "gguf" and len(possible) == 1 else ""),
-                f"its forms: {', '.join(possible)}")
+                f" (architecture {info['architecture']}: transformers cannot dequantize it, so no hf-* form)"
+                if not dequantizable and f.startswith("hf-") else ""), f"its forms: {', '.join(possible)}")
     done: dict[str, dict] = dict(have or {})
     need = set(want)
-    requant = None  # a GGUF transformers cannot dequantize: q8_0/q4_0 are made from the file itself
-    if um.kind == "gguf" and gguf_info(um.path, str(um.path))["architecture"] not in GGUF_TO_HF:
-        requant = gguf_info(um.path, str(um.path))["file_type"] or "unknown"
+    # a GGUF transformers cannot dequantize: q8_0/q4_0 are made from the file itself
+    requant = None if dequantizable else (info["file_type"] or "unknown")  # type: ignore[index]
     if need & {"gguf-q8_0", "gguf-q4_0"} and requant is None:
         need.add("gguf-f32")
     src = {"user_source": str(um.path), "kind": um.kind, "sha256": source_sha256(um)}
@@ -404,14 +404,13 @@ def build_user(um: Any, work: Path, forms: list[str] | None = None, have: dict |
         print(f"[models] {um.name}: deriving {', '.join(todo)} from {um.path} ({size / 2**30:.2f} GiB of source; "
               f"expect up to ~{2 + 2 * len(todo)}x that on disk and minutes per GiB)", file=sys.stderr)
     meta: dict[str, Any] = {}
-    if um.kind == "gguf":
-        info = gguf_info(um.path, str(um.path))
+    if info is not None:
         own = info["file_type"] or "unknown"
         if f"gguf-{own}" not in done:  # the source itself, always kept: every other form is made from it
             shutil.copyfile(um.path, work / "gguf" / f"model-{own}.gguf")
             done[f"gguf-{own}"] = {"path": f"gguf/model-{own}.gguf", "format": "gguf", "dtype": own, "from": "source"}
         meta = {"architecture": [info["architecture"]], "parameters": info["parameters"], "config": info["shape"]}
-        if info["architecture"] not in GGUF_TO_HF:
+        if not dequantizable:
             meta["note"] = f"architecture {info['architecture']}: transformers cannot dequantize it, so no hf-* forms"
         hf32, hf16 = work / "hf-fp32", work / "hf-bf16"
         from_hf = {"hf-fp32", "hf-bf16", "gguf-f32", "gguf-bf16"} & need - set(done)
