@@ -358,15 +358,19 @@ def _safetensors_parameters(d: Path) -> int:
     import struct
     n = 0
     for p in sorted(d.glob("*.safetensors")):
-        with open(p, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(min(size, 100 * 2**20)))
-        for k, t in header.items():
-            if k != "__metadata__":
-                count = 1
-                for dim in t["shape"]:
-                    count *= dim
-                n += count
+        try:
+            with open(p, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(min(size, 100 * 2**20)))
+            for k, t in header.items():
+                if k != "__metadata__":
+                    count = 1
+                    for dim in t["shape"]:
+                        count *= int(dim)
+                    n += count
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
+            raise UserError(str(p), "not a readable safetensors file (its header)", "save the model again with "
+                            "save_pretrained(safe_serialization=True)") from None
     return n
 
 

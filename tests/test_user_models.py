@@ -299,3 +299,10 @@ def test_a_gguf_transformers_cannot_dequantize_is_requantized_by_llama_quantize(
     m = models.load_manifest("requant")
     assert set(m["forms"]) == {"gguf-q4_1", "gguf-q8_0"} and "requantized" in m["forms"]["gguf-q8_0"]["from"]
     assert usermodels.gguf_info(models.form_path("requant", "gguf-q8_0"), "x")["file_type"] == "q8_0"
+
+
+def test_a_damaged_safetensors_header_is_one_user_error(tmp_path):
+    from harness.errors import UserError
+    (tmp_path / "model.safetensors").write_bytes((12).to_bytes(8, "little") + b'{"w": {"x":1')
+    with pytest.raises(UserError, match="model.safetensors: not a readable safetensors file"):
+        models._safetensors_parameters(tmp_path)
