@@ -57,8 +57,11 @@ demo: setup
 	$(HARNESS) check .demo/artifacts artifacts baselines
 	@echo "[demo] this machine's run: .demo/results.md; the published results: reports/results.md"
 
+# Workers, a test module on one (its shared engine runs stay shared; tests/conftest.py groups them), the modules
+# that run real engines first; the workers' engine runs still take turns on the machine's measuring lock.
+TEST_WORKERS ?= 3
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
 bench: venv
 	$(PY) -m harness.bench -n 100000

@@ -231,6 +231,36 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from harness import export
+    if args.format == "parquet" and args.out in (None, "-"):
+        raise UserError("--out", "parquet is binary", "give --out FILE.parquet")
+    runs = export.select(args.store, args.grid, args.host, args.engine, args.arm, err=sys.stderr)
+    export.write(args.out, export.render(args.format, runs, one_arm=len({a.grid.arm for a in runs}) == 1 and
+                                         bool(args.arm)), sys.stdout)
+    if args.out not in (None, "-"):
+        print(f"wrote {args.out}: {args.format}, {len(runs)} run(s)", file=sys.stderr)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from harness import compare, report
+    from pathlib import Path
+    sides = []
+    for spec, stores in ((args.a, args.store_a), (args.b, args.store_b)):
+        dirs = stores or args.store or ["artifacts", "baselines"]
+        for d in dirs:
+            if not Path(d).is_dir():
+                raise UserError(d, "not a store directory", "pass a folder that holds <grid>/<id>.json")
+        c = report.collect(dirs)
+        for line in c.left_out:
+            print(f"left out (harness check refuses it): {line}", file=sys.stderr)
+        sides.append(compare.resolve(spec, c.runs))
+    rows = compare.compare(*sides, metrics=args.metric)
+    print(compare.to_json(*sides, rows) if args.json else compare.markdown(*sides, rows), end="")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from harness.artifact import json_schema
     print(json.dumps(json_schema(), indent=1, sort_keys=True))
@@ -342,6 +372,30 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--store", default="artifacts")
     si.add_argument("--force", action="store_true")
     si.set_defaults(func=cmd_index)
+
+    se = sub.add_parser("export", help="the runs of a store as csv, jsonl, parquet, llama-bench JSON/SQL or pyperf "
+                        "JSON (docs/harness.md)")
+    from harness.export import FORMATS
+    se.add_argument("--format", required=True, choices=FORMATS)
+    se.add_argument("--store", action="append", default=None, help="store directory (repeatable; default: "
+                    "artifacts and baselines)")
+    for flag, what in (("grid", "grid name"), ("host", "host key"), ("engine", "engine name"), ("arm", "arm name")):
+        se.add_argument(f"--{flag}", action="append", default=None, metavar=flag.upper(),
+                        help=f"only runs of this {what} (repeatable)")
+    se.add_argument("--out", default=None, help="file to write (replaced whole); default: stdout")
+    se.set_defaults(func=cmd_export)
+
+    scm = sub.add_parser("compare", help="B against A: two series (hosts, grid versions, stores, or two arms), "
+                         "ratios with intervals (docs/harness.md)")
+    scm.add_argument("a", metavar="A", help="GRID[@HOST][#SHA256-PREFIX][/ARM]")
+    scm.add_argument("b", metavar="B", help="the same form")
+    scm.add_argument("--store", action="append", default=None, help="store of both sides (repeatable; default: "
+                     "artifacts and baselines)")
+    scm.add_argument("--store-a", action="append", default=None, help="A's store(s), instead of --store")
+    scm.add_argument("--store-b", action="append", default=None, help="B's store(s), instead of --store")
+    scm.add_argument("--metric", action="append", default=None, help="only this metric (repeatable)")
+    scm.add_argument("--json", action="store_true")
+    scm.set_defaults(func=cmd_compare)
 
     ss = sub.add_parser("schema", help="the artifact JSON Schema (as in docs/formats.md)")
     ss.set_defaults(func=cmd_schema)

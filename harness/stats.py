@@ -306,3 +306,100 @@ def sign_test_p(above: int, below: int) -> float:
     k = min(above, below)
     tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
     return min(1.0, 2.0 * tail)
+
+
+# --- unpaired: two series that are not arms of one grid (harness compare) ----------------------------------------
+
+@lru_cache(maxsize=None)
+def mann_whitney_cdf(m: int, n: int) -> np.ndarray:
+    """P(U <= u) for u = 0..m n under the null (no ties): the exact distribution of the Mann-Whitney statistic,
+    by counting the arrangements of m and n values with each U (exact integers, as signed_rank_cdf)."""
+    rows = [np.array([1], dtype=object)] * (n + 1)  # i = 0: one arrangement with U = 0, for every j
+    for i in range(1, m + 1):
+        new = [np.zeros(1, dtype=object)]  # j = 0: U = 0 only
+        new[0][0] = 1
+        for j in range(1, n + 1):
+            size = i * j + 1
+            c = np.zeros(size, dtype=object)
+            left = new[j - 1]  # the largest value is from the second sample: U unchanged
+            c[:len(left)] += left
+            up = rows[j]  # it is from the first sample: each of the j second values is below it, U + j
+            c[j:j + len(up)] += up
+            new.append(c)
+        rows = new
+    counts = rows[n]
+    total = sum(counts)
+    return np.array([float(x) for x in np.cumsum(counts)]) / float(total)
+
+
+def unpaired_critical_k(m: int, n: int, alpha: float) -> int | None:
+    """The largest k with P(U <= k) <= alpha/2, or None when even U = 0 exceeds it (too few runs)."""
+    if m < 1 or n < 1:
+        return None
+    ks = np.nonzero(mann_whitney_cdf(m, n) <= alpha / 2 + 1e-15)[0]
+    return int(ks[-1]) if len(ks) else None
+
+
+def unpaired_needed(m_comparisons: int) -> int:
+    """The fewest runs per side (equal sizes) whose exact interval reaches 1 - alpha/m."""
+    return next(n for n in range(1, 64) if unpaired_critical_k(n, n, ALPHA / max(1, m_comparisons)) is not None)
+
+
+@dataclass(frozen=True)
+class UnpairedComparison:
+    n_a: int
+    n_b: int
+    ratio: float  # exp(Hodges-Lehmann shift of log b - log a): b / a
+    ci_low: float | None
+    ci_high: float | None
+    level: float
+    achieved: float | None
+    m_family: int
+    warnings: tuple[str, ...]
+
+    @property
+    def has_interval(self) -> bool:
+        return self.ci_low is not None
+
+
+def compare_unpaired(b: list[float], a: list[float], m_family: int = 1) -> UnpairedComparison:
+    """b against a, unpaired (runs of two series: other hosts, other versions of a grid): the Hodges-Lehmann shift
+    of the log values (the median of every log b_j - log a_i) with its exact distribution-free interval, the
+    differences of ranks k+1 and mn-k where k is the Mann-Whitney critical value at alpha/2 (Lehmann 1963;
+    Bauer 1972). The shift model: b is a scaled by a constant factor; the interval covers that factor at its
+    level whatever the two samples' common shape (docs/methodology.md, "Comparing two series")."""
+    x, y = np.asarray(a, float), np.asarray(b, float)
+    m_family = max(1, m_family)
+    alpha = ALPHA / m_family
+    if len(x) == 0 or len(y) == 0 or not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))
+                                          and np.all(x > 0) and np.all(y > 0)):
+        return UnpairedComparison(len(x), len(y), float("nan"), None, None, 1 - alpha, None, m_family,
+                                  (NOT_FINITE_UNPAIRED,))
+    d = np.sort((np.log(y)[None, :] - np.log(x)[:, None]).ravel())
+    est = float(np.median(d))
+    k = unpaired_critical_k(len(x), len(y), alpha)
+    warnings = []
+    if len(np.unique(np.concatenate([x, y]))) < len(x) + len(y):
+        warnings.append("tied values: the exact interval assumes none (its level is approximate)")
+    if k is None:
+        return UnpairedComparison(len(x), len(y), float(np.exp(est)), None, None, 1 - alpha, None, m_family,
+                                  tuple(warnings))
+    achieved = 1 - 2 * float(mann_whitney_cdf(len(x), len(y))[k])
+    return UnpairedComparison(len(x), len(y), float(np.exp(est)), float(np.exp(d[k])), float(np.exp(d[len(d) - 1 - k])),
+                              1 - alpha, achieved, m_family, tuple(warnings))
+
+
+NOT_FINITE_UNPAIRED = "a run value is not a finite positive number (a zero, negative, NaN or infinite value)"
+
+
+def unpaired_verdict(c: UnpairedComparison, higher_is_better: bool) -> str:
+    """The paired verdict's words (verdict), read from the unpaired interval."""
+    if NOT_FINITE_UNPAIRED in c.warnings:
+        return f"undetermined: {NOT_FINITE_UNPAIRED}"
+    if not c.has_interval:
+        return (f"undetermined: {c.n_a} and {c.n_b} runs cannot give a {level_text(c.level)} interval "
+                f"(family of {c.m_family}); run at least {unpaired_needed(c.m_family)} passes on each side")
+    assert c.ci_low is not None and c.ci_high is not None
+    if c.ci_low <= 1.0 <= c.ci_high:
+        return "no difference detected"
+    return "better" if (c.ratio > 1) == higher_is_better else "worse"

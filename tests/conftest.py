@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -58,13 +59,23 @@ print(json.dumps({"vllm": vllm.__version__, "torch": torch.__version__, "manifes
 
 
 @pytest.fixture(scope="session")
-def vllm_process():
+def vllm_process(tmp_path_factory):
+    """Once per test run, not once per worker: `make test`'s workers share the folder above their own temp roots,
+    and the first to ask computes it under a lock while the other waits for its answer."""
+    import fcntl
     import json
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-c", VLLM_PROCESS], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else \
+        tmp_path_factory.getbasetemp()
+    answer = shared / "vllm-process.json"
+    with open(shared / "vllm-process.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not answer.exists():
+            r = subprocess.run([sys.executable, "-c", VLLM_PROCESS], capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr[-2000:]
+            answer.write_text(r.stdout.strip().splitlines()[-1])
+    return json.loads(answer.read_text())
 
 
 CACHED_SOURCES = ("artifacts/fidelity", "artifacts/quickstart", "artifacts/decode-compiled", "baselines/quality",
@@ -86,3 +97,38 @@ def cached_store(tmp_path, monkeypatch):
     for src in CACHED_SOURCES:
         shutil.copytree(PROJECT_ROOT / src, root / Path(src).name)
     return root
+
+
+@pytest.fixture(autouse=True)
+def _models_of_this_test_only(tmp_path_factory, monkeypatch):
+    """Every test starts with the zoo alone: a model a grid's `model:` mapping registered in this process
+    (models.MODELS, models.USER) is forgotten after the test that registered it, and `harness models add` writes
+    to a registry of the test's own, never to this machine's (a user's registered models are not the suite's).
+    Without it, which models `harness models list` shows depended on which tests ran before, in this process."""
+    from harness import models, usermodels
+    registry = tmp_path_factory.mktemp("registry") / "user-models.json"
+    monkeypatch.setattr(usermodels, "registry_path", lambda: registry)
+    saved, user = dict(models.MODELS), dict(models.USER)
+    yield
+    models.MODELS.clear()
+    models.MODELS.update(saved)
+    models.USER.clear()
+    models.USER.update(user)
+
+
+# Modules whose tests set the memory this machine has available (a held block, an emulated class's balloon): one
+# at a time, so that neither sees the other's (`make test` runs them in one group of its workers).
+MEMORY_GROUP = ("test_emulation_real", "test_runtime")
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs the suite on workers (pytest-xdist, --dist loadgroup), a group on one worker: a module is a
+    group (its module fixtures, such as one engine run shared by its tests, run once), the MEMORY_GROUP modules one.
+    The modules that run real engines come first (the suite's long runs: the short tests fill in at the end
+    instead of waiting behind them)."""
+    engines = {it.module.__name__ for it in items if it.get_closest_marker("engines") and hasattr(it, "module")}
+    for it in items:
+        mod = getattr(it, "module", None)
+        if mod is not None:
+            it.add_marker(pytest.mark.xdist_group("memory" if mod.__name__ in MEMORY_GROUP else mod.__name__))
+    items.sort(key=lambda it: getattr(it, "module", None) is None or it.module.__name__ not in engines)

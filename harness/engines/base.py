@@ -181,6 +181,11 @@ class Engine(ABC):
         """How an ISA cap below this machine's was applied to the engine and read back (emulate.isa_record)."""
         return {"applied": "none", "status": f"not emulated: the {self.name} engine has no ISA switch"}
 
+    def llama_bench_rows(self, a: Any) -> list[dict[str, Any]] | None:
+        """A run artifact of this engine as llama-bench's rows (`harness export --format llama-bench`: every field
+        of export.LLAMA_BENCH_FIELDS, samples_ns and samples_ts); None: the engine has no such mapping."""
+        return None
+
     def provision(self, isa_variant: str | None = None, rebuild: bool = False) -> dict[str, Any] | None:
         """Build or check what the engine runs (cached; before anything is measured). `isa_variant`: the build
         capped at an emulated class's ISA tier, where the engine has one. Returns its build record, if any."""

@@ -159,6 +159,13 @@ class LlamaCpp(Engine):
     def engine_info(self) -> dict[str, Any]:
         return llamacpp_build.engine_block(self.name)
 
+    def llama_bench_rows(self, a: Any) -> list[dict[str, Any]]:
+        """The request loop's figures (harness/metrics.py: prefill_tok_s, decode_tok_s), not llama-bench's: its
+        prompt rate times a request's prefill, its generation rate the decode after it, sampling included."""
+        from harness.engines.llamacpp.llama_bench import llama_bench_rows
+        return llama_bench_rows(a, "prefill_tok_s", "decode_tok_s", a.execution.effective.get("model_desc")
+                                or f"{a.model.name} {a.model.dtype}")
+
     def prepare_arm(self, spec: Any, arm: Any) -> None:
         ub = llamacpp_build.user_build_of(spec.path, self.options(arm).build)
         if ub is not None:

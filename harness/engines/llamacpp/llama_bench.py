@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 from typing import Any, Literal
 
 from pydantic import Field
@@ -40,6 +41,59 @@ class BenchOptions(Options):
 EFFECTIVE_KEYS = ("n_threads", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn", "cpu_mask", "cpu_strict",
                   "poll", "repack", "load_mode", "model_type", "model_size", "model_n_params", "n_prompt", "n_gen",
                   "n_depth", "build_commit", "build_number", "backends", "cpu_info")
+
+
+# llama-bench's fields that a CPU-only build has no choice over (no GPU, no offload, no split, no tensor
+# overrides, no fitting): the export gives them these values where a run did not record them.
+CPU_ONLY = {"gpu_info": "", "n_gpu_layers": 0, "n_cpu_moe": 0, "split_mode": "none", "main_gpu": 0,
+            "no_kv_offload": 0, "devices": "auto", "tensor_split": "0.00", "tensor_buft_overrides": "none",
+            "embeddings": 0, "no_op_offload": 0, "no_host": 0, "fit_target": 0, "fit_min_ctx": 0}
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1, -1: -1, 0: 0, 1: 1}  # llama-bench's -fa values
+
+
+def build_number(a: Any) -> int:
+    """LLAMA_BUILD_NUMBER the build was configured with (its cmake flags), else what the tool reported."""
+    for f in a.engine.build.get("flags") or []:
+        if isinstance(f, str) and f.startswith("-DLLAMA_BUILD_NUMBER="):
+            return int(f.split("=", 1)[1])
+    return int(a.execution.effective.get("build_number") or 0)
+
+
+def llama_bench_test(fixed: dict[str, Any], n_prompt: int, n_gen: int, n_depth: int, tok_s: list[float],
+                     test_time: str) -> dict[str, Any]:
+    """One llama-bench row from a run's throughput samples (tokens/s): llama-bench's avg_ts and stddev_ts are the
+    mean and sample standard deviation of the per-repetition rates, avg_ns of the per-repetition times."""
+    n = n_prompt + n_gen
+    ns = [int(round(n / t * 1e9)) for t in tok_s]
+    sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
+    return {**fixed, "n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth, "test_time": test_time,
+            "avg_ns": int(round(statistics.fmean(ns))), "stddev_ns": int(round(sd(ns))),
+            "avg_ts": statistics.fmean(tok_s), "stddev_ts": sd(tok_s), "samples_ns": ns, "samples_ts": list(tok_s)}
+
+
+def llama_bench_rows(a: Any, pp: str, tg: str, model_type: str) -> list[dict[str, Any]]:
+    """A run as llama-bench's two tests: prompt processing (n_prompt = prompt_len) from metric `pp` and token
+    generation after a prompt_len context (n_gen = gen_len, n_depth = prompt_len) from `tg`, each metric's
+    per-repetition rates as llama-bench's samples_ts. Every other field is the run's recorded setting (or
+    CPU_ONLY's)."""
+    eff, w = a.execution.effective, a.workload
+    gguf = next((f for f in a.model.files if f.path.endswith(".gguf")), a.model.files[0])
+    fixed = {**CPU_ONLY, "build_commit": a.engine.build_commit, "build_number": build_number(a),
+             "cpu_info": eff.get("cpu_info") or a.host.cpu.get("model") or "unknown", "backends": "CPU",
+             "model_filename": gguf.path, "model_type": model_type, "model_size": eff.get("model_size") or gguf.size,
+             "model_n_params": eff.get("model_n_params") or a.model.parameters,
+             "n_batch": eff.get("n_batch"), "n_ubatch": eff.get("n_ubatch"), "n_threads": eff.get("n_threads"),
+             "cpu_mask": eff.get("cpu_mask") or "0x0", "cpu_strict": int(bool(eff.get("cpu_strict"))),
+             "poll": eff["poll"] if isinstance(eff.get("poll"), int) else -1,
+             "type_k": eff.get("type_k"), "type_v": eff.get("type_v"),
+             "flash_attn": FLASH_ATTN.get(eff.get("flash_attn"), -1), "load_mode": eff.get("load_mode") or "mmap",
+             "lazy_mode": "none", "repack": int(eff.get("repack", True) is not False)}
+    rows = []
+    if pp in a.metrics:
+        rows.append(llama_bench_test(fixed, w.prompt_len, 0, 0, a.metrics[pp].samples, a.timing.start))
+    if tg in a.metrics:
+        rows.append(llama_bench_test(fixed, 0, w.gen_len, w.prompt_len, a.metrics[tg].samples, a.timing.start))
+    return rows
 
 
 def parse_bench_json(stdout: str) -> list[dict]:
@@ -71,6 +125,11 @@ class LlamaBench(Engine):
     # the llama.cpp engine's request figures beside llama-bench's own (report: definition pairs)
     definition_of = "llama.cpp"
     definition_pairs = (("decode_tok_s", "bench_tg_tok_s"), ("prefill_tok_s", "bench_pp_tok_s"))
+
+    def llama_bench_rows(self, a: Any) -> list[dict[str, Any]]:
+        """llama-bench's own figures, as it printed them."""
+        return llama_bench_rows(a, "bench_pp_tok_s", "bench_tg_tok_s", a.execution.effective.get("model_type")
+                                or f"{a.model.name} {a.model.dtype}")
 
     def provision(self, isa_variant: str | None = None, rebuild: bool = False) -> dict[str, Any]:
         """The pinned llama.cpp build (its llama-bench binary)."""

@@ -1,0 +1,125 @@
+"""`harness export`: each format read back by the tool it is for (pandas for csv and parquet, sqlite3 for
+llama-bench's SQL, llama.cpp's own compare-llama-bench.py for its JSON, pyperf for pyperf's), from the published
+store; refusals in one line."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import export
+from harness.engines.llamacpp import build as llamacpp_build
+
+ROOT = Path(__file__).resolve().parent.parent
+STORE = str(ROOT / "artifacts")
+GRID = "own-model"  # both engines, several forms, 54 runs of one host
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return export.select([STORE], [GRID])
+
+
+def test_csv_and_parquet_read_back_with_one_row_per_run_and_metric(cli, tmp_path, runs):
+    rc, _, err = cli("export", "--format", "csv", "--store", STORE, "--grid", GRID, "--out", tmp_path / "r.csv")
+    assert rc == 0, err
+    df = pd.read_csv(tmp_path / "r.csv")
+    assert list(df.columns) == list(export.COLUMNS)
+    assert len(df) == sum(max(1, len(a.metrics)) for a in runs) and df["id"].nunique() == len(runs)
+    a = runs[0]
+    row = df[(df["id"] == a.id) & (df["metric"] == "decode_tok_s")].iloc[0]
+    assert json.loads(row["samples"]) == a.metrics["decode_tok_s"].samples  # every recorded value, as recorded
+    assert row["host_key"] == a.host.key and row["grid_sha256"] == a.grid.sha256 and row["engine"] == a.engine.name
+    rc, _, err = cli("export", "--format", "parquet", "--store", STORE, "--grid", GRID, "--out", tmp_path / "r.parquet")
+    assert rc == 0, err
+    pq = pd.read_parquet(tmp_path / "r.parquet")
+    assert len(pq) == len(df) and list(pq[pq["id"] == a.id]["metric"]) == sorted(a.metrics)
+    assert list(pq[(pq["id"] == a.id) & (pq["metric"] == "decode_tok_s")]["samples"].iloc[0]) == \
+        a.metrics["decode_tok_s"].samples
+
+
+def test_jsonl_to_stdout(cli, runs):
+    rc, out, _ = cli("export", "--format", "jsonl", "--store", STORE, "--grid", GRID, "--engine", "vllm")
+    assert rc == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert {r["engine"] for r in rows} == {"vllm"}
+    assert len({r["id"] for r in rows}) == sum(1 for a in runs if a.engine.name == "vllm")
+
+
+def test_llama_bench_json_and_sql_are_read_by_llamacpps_own_tools(cli, tmp_path, runs):
+    rc, _, err = cli("export", "--format", "llama-bench-json", "--store", STORE, "--grid", GRID, "--engine", "llama.cpp",
+                     "--out", tmp_path / "lb.json")
+    assert rc == 0, err
+    rows = json.loads((tmp_path / "lb.json").read_text())
+    lc = [a for a in runs if a.engine.name == "llama.cpp" and a.status == "ok"]
+    assert len(rows) == 2 * len(lc)  # a prompt-processing and a token-generation test per run
+    assert [k for k in rows[0]] == [f for f, _ in export.LLAMA_BENCH_FIELDS] + ["samples_ns", "samples_ts"]
+    a, pp, tg = lc[0], rows[0], rows[1]
+    assert (pp["n_prompt"], pp["n_gen"]) == (a.workload.prompt_len, 0)
+    assert (tg["n_prompt"], tg["n_gen"], tg["n_depth"]) == (0, a.workload.gen_len, a.workload.prompt_len)
+    assert pp["samples_ts"] == a.metrics["prefill_tok_s"].samples and tg["samples_ts"] == a.metrics["decode_tok_s"].samples
+    assert pp["build_commit"] == a.engine.build_commit and pp["n_threads"] == a.execution.threads
+    rc, _, err = cli("export", "--format", "llama-bench-sql", "--store", STORE, "--grid", GRID, "--engine",
+                     "llama.cpp", "--out", tmp_path / "lb.sql")
+    assert rc == 0, err
+    db = sqlite3.connect(":memory:")
+    db.executescript((tmp_path / "lb.sql").read_text())
+    n, avg = db.execute("SELECT COUNT(*), AVG(avg_ts) FROM llama_bench").fetchone()
+    assert n == len(rows) and abs(avg - sum(r["avg_ts"] for r in rows) / len(rows)) < 1e-6 * avg
+    # llama.cpp's scripts/compare-llama-bench.py (its pinned source) reads the JSON: the two forms of one build
+    script = llamacpp_build.source_dir() / "scripts" / "compare-llama-bench.py"
+    r = subprocess.run([sys.executable, str(script), "-i", str(tmp_path / "lb.json"), "--tool", "llama-bench",
+                        "-b", a.engine.build_commit, "-c", a.engine.build_commit, "--show", "model_type"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1500:]
+    w = a.workload
+    assert f"| pp{w.prompt_len} " in r.stdout and f"| tg{w.gen_len}@d{w.prompt_len} " in r.stdout, r.stdout[-1500:]
+    assert f"t/s {a.engine.build_commit}" in r.stdout
+
+
+def test_pyperf_reads_the_suite_and_compares_two_arms(cli, tmp_path, runs):
+    pyperf = pytest.importorskip("pyperf", reason="the dev extra installs pyperf")
+    arms = sorted({a.grid.arm for a in runs})
+    files = []
+    for arm in arms[:2]:
+        out = tmp_path / f"{arm}.json"
+        rc, _, err = cli("export", "--format", "pyperf", "--store", STORE, "--grid", GRID, "--arm", arm, "--out", out)
+        assert rc == 0, err
+        suite = pyperf.BenchmarkSuite.load(str(out))
+        ours = [a for a in runs if a.grid.arm == arm and a.status == "ok"]
+        names = suite.get_benchmark_names()
+        assert names and all(arm not in n.split(" ") for n in names)  # one arm per file: names match across files
+        b = next(b for b in suite.get_benchmarks() if b.get_name().endswith(" ttft_s"))
+        assert b.get_unit() == "second" and b.get_nrun() == len({a.id for a in ours if a.grid.cell in b.get_name()})
+        files.append(out)
+    r = subprocess.run([sys.executable, "-m", "pyperf", "compare_to", str(files[0]), str(files[1]), "--table"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "ttft_s" in r.stdout
+
+
+def test_refusals_are_one_line_and_write_nothing(cli, tmp_path):
+    out = tmp_path / "x.json"
+    for argv, want in ((("--format", "llama-bench-json", "--grid", GRID), "different definitions"),
+                       (("--format", "llama-bench-json", "--grid", GRID, "--engine", "vllm"), "no mapping onto llama-bench"),
+                       (("--format", "csv", "--grid", "no-such-grid"), "no run artifact of grid no-such-grid"),
+                       (("--format", "parquet", "--grid", GRID, "--out", "-"), "parquet is binary")):
+        rc, _, err = cli("export", "--store", STORE, *argv, *(("--out", out) if "--out" not in argv else ()))
+        assert rc == 2 and want in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists()
+    rc, _, err = cli("export", "--store", str(tmp_path / "nowhere"), "--format", "csv")
+    assert rc == 2 and "not a store directory" in err
+
+
+def test_out_through_a_link_replaces_the_link(cli, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    link = tmp_path / "out.csv"
+    link.symlink_to(victim)
+    rc, _, err = cli("export", "--format", "csv", "--store", STORE, "--grid", GRID, "--out", link)
+    assert rc == 0, err
+    assert victim.read_text() == "keep me" and not link.is_symlink() and link.read_text().startswith("id,grid")
