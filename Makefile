@@ -59,9 +59,9 @@ demo: setup
 
 # Workers, a test module on one (its shared engine runs stay shared; tests/conftest.py groups them), the modules
 # that run real engines first; the workers' engine runs still take turns on the machine's measuring lock.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 bench: venv
 	$(PY) -m harness.bench -n 100000

@@ -121,14 +121,21 @@ def _models_of_this_test_only(tmp_path_factory, monkeypatch):
 MEMORY_GROUP = ("test_emulation_real", "test_runtime")
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs the suite on pytest-xdist workers, a group of tests on one worker: a module is a group (its
+    module fixtures, such as one engine run shared by its tests, run once), the MEMORY_GROUP modules one. (A
+    scheduler of its own: xdist's loadgroup renames tests to group them, which pytest 9's node ids ignore.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "memory" if Path(path).stem in MEMORY_GROUP else path
+    return ModuleGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """`make test` runs the suite on workers (pytest-xdist, --dist loadgroup), a group on one worker: a module is a
-    group (its module fixtures, such as one engine run shared by its tests, run once), the MEMORY_GROUP modules one.
-    The modules that run real engines come first (the suite's long runs: the short tests fill in at the end
+    """The modules that run real engines come first (the suite's long runs: the short tests fill in at the end
     instead of waiting behind them)."""
     engines = {it.module.__name__ for it in items if it.get_closest_marker("engines") and hasattr(it, "module")}
-    for it in items:
-        mod = getattr(it, "module", None)
-        if mod is not None:
-            it.add_marker(pytest.mark.xdist_group("memory" if mod.__name__ in MEMORY_GROUP else mod.__name__))
     items.sort(key=lambda it: getattr(it, "module", None) is None or it.module.__name__ not in engines)

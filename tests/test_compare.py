@@ -3,6 +3,7 @@ simulation), matching by cell, arm and metric, refusal of mismatched definitions
 two-host quickstart series, on two arms of one series (paired) and on two versions of one grid."""
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from scipy import stats as sps
 
 from harness import compare, execute, stats
+from harness.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = str(ROOT / "artifacts")
@@ -76,12 +78,14 @@ def test_two_arms_of_one_series_paired_and_mismatched_definitions_refused(cli):
     # the published quickstart's llama.cpp arm ran llama-bench's definitions: not one measurement with vLLM's
     rc, _, err = cli("compare", "quickstart@3891360811dc/llama.cpp", "quickstart@3891360811dc/vllm", "--store", STORE)
     assert rc == 2 and "definitions differ" in err and "llama-bench" in err and len(err.strip().splitlines()) == 1
+    runs = _runs(STORE)
     for spec, want in (("quickstart", "2 hosts measured it"), ("no-such", "no runs of grid"),
-                       ("quickstart@3891360811dc#ffff", "match #ffff"), ("bad spec!", "not a series")):
-        rc, _, err = cli("compare", spec, "quickstart@3891360811dc", "--store", STORE)
-        assert rc == 2 and want in err, err
-    rc, _, err = cli("compare", "quickstart@3891360811dc/vllm", "quickstart@f407ce910eeb", "--store", STORE)
-    assert rc == 2 and "one side names an arm" in err
+                       ("quickstart@3891360811dc#ffff", "match #ffff"), ("bad spec!", "not a series"),
+                       ("quickstart@3891360811dc/nope", "no ok run of arm 'nope'")):
+        with pytest.raises(UserError, match=re.escape(want)):
+            compare.resolve(spec, runs)
+    with pytest.raises(UserError, match="one side names an arm"):
+        compare.compare(compare.resolve("quickstart@3891360811dc/vllm", runs), compare.resolve("quickstart@f407ce910eeb", runs))
 
 
 GRID = """
@@ -92,7 +96,7 @@ arms:
   - {{name: b, engine: command, options: {{cmd: "true"}}}}
 workload: {{prompt_len: 1, context_len: 1, gen_len: 1}}
 threads: 1
-passes: 3
+passes: 2
 repetitions: 1
 warmups: 0
 """
@@ -110,7 +114,7 @@ def test_two_versions_of_one_grid_by_sha(cli, tmp_path):
     rc, out, err = cli("compare", f"cmpv#{shas[0][:8]}", f"cmpv#{shas[1][:8]}", "--store", store)
     assert rc == 0, err
     assert f"grid sha256 {shas[0][:12]}" in out and f"grid sha256 {shas[1][:12]}" in out
-    assert out.count("| wall_s |") == 2 and "unpaired (3 vs 3 runs)" in json.dumps(
+    assert out.count("| wall_s |") == 2 and "unpaired (2 vs 2 runs)" in json.dumps(
         compare.compare(*(compare.resolve(f"cmpv#{s[:8]}", _runs(store)) for s in shas)))
 
 
