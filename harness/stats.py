@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 from functools import lru_cache
 
 import numpy as np
@@ -227,17 +228,21 @@ NOT_FINITE = "a per-pass ratio is not a finite positive number (a zero, negative
 
 def verdict(c: Comparison, higher_is_better: bool) -> str:
     """Read from the comparison's one interval: it excludes 1 (better or worse), or it does not."""
-    if NOT_FINITE in c.warnings:
-        return f"undetermined: {NOT_FINITE}"
+    return _read(c, higher_is_better, NOT_FINITE if NOT_FINITE in c.warnings else None,
+                 f"{c.n_pairs} passes cannot give a {level_text(c.level)} interval (family of {c.m_family}); "
+                 f"run at least {passes_needed(c.m_family)} passes",
+                 "" if c.detectable is None else f" (80% power to detect +/-{c.detectable * 100:.0f}%)")
+
+
+def _read(c: Any, higher_is_better: bool, bad: str | None, no_interval: str, power: str = "") -> str:
+    """The verdict words of an interval of a ratio (c: ratio, ci_low, ci_high, has_interval)."""
+    if bad:
+        return f"undetermined: {bad}"
     if not c.has_interval:
-        return (f"undetermined: {c.n_pairs} passes cannot give a {level_text(c.level)} interval "
-                f"(family of {c.m_family}); run at least {passes_needed(c.m_family)} passes")
-    assert c.ci_low is not None and c.ci_high is not None
+        return f"undetermined: {no_interval}"
     if c.ci_low <= 1.0 <= c.ci_high:
-        power = "" if c.detectable is None else f" (80% power to detect +/-{c.detectable * 100:.0f}%)"
         return f"no difference detected{power}"
-    better = (c.ratio > 1) == higher_is_better
-    return "better" if better else "worse"
+    return "better" if (c.ratio > 1) == higher_is_better else "worse"
 
 
 def level_text(level: float) -> str:
@@ -394,12 +399,6 @@ NOT_FINITE_UNPAIRED = "a run value is not a finite positive number (a zero, nega
 
 def unpaired_verdict(c: UnpairedComparison, higher_is_better: bool) -> str:
     """The paired verdict's words (verdict), read from the unpaired interval."""
-    if NOT_FINITE_UNPAIRED in c.warnings:
-        return f"undetermined: {NOT_FINITE_UNPAIRED}"
-    if not c.has_interval:
-        return (f"undetermined: {c.n_a} and {c.n_b} runs cannot give a {level_text(c.level)} interval "
-                f"(family of {c.m_family}); run at least {unpaired_needed(c.m_family)} passes on each side")
-    assert c.ci_low is not None and c.ci_high is not None
-    if c.ci_low <= 1.0 <= c.ci_high:
-        return "no difference detected"
-    return "better" if (c.ratio > 1) == higher_is_better else "worse"
+    return _read(c, higher_is_better, NOT_FINITE_UNPAIRED if NOT_FINITE_UNPAIRED in c.warnings else None,
+                 f"{c.n_a} and {c.n_b} runs cannot give a {level_text(c.level)} interval (family of {c.m_family}); "
+                 f"run at least {unpaired_needed(c.m_family)} passes on each side")
