@@ -121,35 +121,16 @@ def _models_of_this_test_only(tmp_path_factory, monkeypatch):
 MEMORY_GROUP = ("test_emulation_real", "test_runtime")
 
 
-# Modules whose engine runs go through the harness (each run takes the machine's measuring lock): one worker
-# takes them first, the other the modules whose work needs no lock (engine workers started directly, model
-# builds, simulations), so that neither waits on the lock while the other holds it. Scheduling only: a module
-# missing here runs all the same.
-LOCKING = ("test_engines_real", "test_fidelity", "test_engine_openvino", "test_fleet", "test_user_models",
-           "test_user_builds")
-
-
 def pytest_xdist_make_scheduler(config, log):
     """`make test` runs the suite on pytest-xdist workers, a group of tests on one worker: a module is a group (its
-    module fixtures, such as one engine run shared by its tests, run once), the MEMORY_GROUP modules one; the
-    first worker prefers the LOCKING modules, the others the rest. (A scheduler of its own: xdist's loadgroup
-    renames tests to group them, which pytest 9's node ids ignore.)"""
+    module fixtures, such as one engine run shared by its tests, run once), the MEMORY_GROUP modules one. (A
+    scheduler of its own: xdist's loadgroup renames tests to group them, which pytest 9's node ids ignore.)"""
     from xdist.scheduler import LoadScopeScheduling
-
-    def stem(scope: str) -> str:
-        return Path(scope.split("::", 1)[0]).stem
 
     class ModuleGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return "memory" if Path(path).stem in MEMORY_GROUP else path
-
-        def _assign_work_unit(self, node) -> None:
-            locking = self.nodes.index(node) == 0
-            scope = next((sc for sc in self.workqueue if (stem(sc) in LOCKING) == locking), None)
-            if scope is not None:  # the node's preferred unit first; otherwise the queue's next
-                self.workqueue.move_to_end(scope, last=False)
-            super()._assign_work_unit(node)
     return ModuleGroups(config, log)
 
 
