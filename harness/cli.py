@@ -244,18 +244,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from harness import compare, report
-    from pathlib import Path
-    sides = []
-    for spec, stores in ((args.a, args.store_a), (args.b, args.store_b)):
-        dirs = stores or args.store or ["artifacts", "baselines"]
-        for d in dirs:
-            if not Path(d).is_dir():
-                raise UserError(d, "not a store directory", "pass a folder that holds <grid>/<id>.json")
-        c = report.collect(dirs)
-        for line in c.left_out:
-            print(f"left out (harness check refuses it): {line}", file=sys.stderr)
-        sides.append(compare.resolve(spec, c.runs))
+    from harness import compare, export
+    sides = [compare.resolve(spec, export.collect(stores or args.store, sys.stderr).runs)
+             for spec, stores in ((args.a, args.store_a), (args.b, args.store_b))]
     rows = compare.compare(*sides, metrics=args.metric)
     print(compare.to_json(*sides, rows) if args.json else compare.markdown(*sides, rows), end="")
     return 0

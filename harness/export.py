@@ -2,7 +2,7 @@
 
 - csv, jsonl, parquet: one row per run and metric (a failed run: one row, no metric), with the provenance
   columns people filter on (COLUMNS). jsonl and parquet keep each run's raw samples as a list; csv as JSON text.
-- llama-bench, llama-bench-sql: the rows llama-bench prints with `-o json` / `-o sql` (its field names and types,
+- llama-bench-json, llama-bench-sql: the rows llama-bench prints with `-o json` / `-o sql` (its field names and types,
   a `llama_bench` table), one prompt-processing and one token-generation row per run, for the engines whose package
   maps their runs onto that schema (Engine.llama_bench_rows), so llama.cpp's scripts/compare-llama-bench.py reads
   them. One engine per export: llama-bench's figures and the request loop's are not one definition.
@@ -27,6 +27,7 @@ from typing import Any, Iterable
 
 from harness.errors import UserError
 
+DEFAULT_STORES = ["artifacts", "baselines"]
 FORMATS = ("csv", "jsonl", "parquet", "llama-bench-json", "llama-bench-sql", "pyperf")
 COLUMNS = ("id", "grid", "grid_sha256", "grid_path", "host_key", "machine_key", "emulation", "cpu_model", "isa_tier",
            "cell", "arm", "baseline_arm", "pass_index", "position", "order", "status", "error",
@@ -36,18 +37,26 @@ COLUMNS = ("id", "grid", "grid_sha256", "grid_path", "host_key", "machine_key", 
            "samples", "warmup_samples", "start", "end", "harness_commit", "dirty", "loadavg_before")
 
 
-def select(store_dirs: list[str] | None, grids: list[str] | None = None, hosts: list[str] | None = None,
-           engines: list[str] | None = None, arms: list[str] | None = None, err=None) -> list:
-    """The run artifacts of the stores that check accepts, filtered; what it leaves out is named on `err`."""
+def collect(store_dirs: list[str] | None, err=None):
+    """The stores (default artifacts and baselines) through the report's door (report.collect: what check accepts);
+    each file left out named on `err`. A store that is not a folder is one line."""
     from harness import report
-    dirs = store_dirs or ["artifacts", "baselines"]
+    dirs = store_dirs or DEFAULT_STORES
     for d in dirs:
         if not Path(d).is_dir():
             raise UserError(d, "not a store directory", "pass --store with a folder that holds <grid>/<id>.json")
     c = report.collect(dirs)
-    for line in c.left_out:
-        if err is not None:
+    if err is not None:
+        for line in c.left_out:
             print(f"left out (harness check refuses it): {line}", file=err)
+    return c
+
+
+def select(store_dirs: list[str] | None, grids: list[str] | None = None, hosts: list[str] | None = None,
+           engines: list[str] | None = None, arms: list[str] | None = None, err=None) -> list:
+    """The run artifacts of the stores that check accepts, filtered; what it leaves out is named on `err`."""
+    dirs = store_dirs or DEFAULT_STORES
+    c = collect(dirs, err)
     runs = [a for g, arts in c.runs.items() if not grids or g in grids for a in arts]
     runs = [a for a in runs if (not hosts or a.host.key in hosts) and (not engines or a.engine.name in engines)
             and (not arms or a.grid.arm in arms)]
@@ -169,6 +178,12 @@ def _pyperf_values(unit: str, xs: list[float]) -> tuple[str, list[float], str]:
     raise KeyError(unit)
 
 
+def _line(text: str) -> str:
+    """A store's string as pyperf metadata takes it: one line (control characters as `?`), no outer spaces."""
+    from harness.report import printable
+    return printable(text).strip()
+
+
 def pyperf_suite(runs: list, one_arm: bool) -> dict[str, Any]:
     """pyperf's JSON (format version 1.0): a benchmark per (grid, arm, cell, metric); the arm leaves the name when
     every run is of one arm (--arm), so that `pyperf compare_to a.json b.json` matches two arms' files by name."""
@@ -184,15 +199,16 @@ def pyperf_suite(runs: list, one_arm: bool) -> dict[str, Any]:
                 continue  # a unit pyperf cannot hold (MiB peaks, shares): left to csv/jsonl
             if not values or any(not (v > 0) for v in values + warm):
                 continue  # pyperf holds only values > 0
-            bname = " ".join([a.grid.name, *([] if one_arm else [a.grid.arm]), a.grid.cell, name]) + what
+            bname = _line(" ".join([a.grid.name, *([] if one_arm else [a.grid.arm]), a.grid.cell, name]) + what)
             b = benches.setdefault(bname, {"metadata": {"name": bname, "unit": unit,
-                                                        "description": m.definition.replace("\n", " ")[:500]},
+                                                        "description": _line(m.definition)[:500] or "-"},
                                            "runs": []})
             meta = {"date": a.timing.start, "duration": a.timing.duration_s, "hostname": a.host.key,
                     "cpu_model_name": a.host.cpu.get("model") or "unknown", "edge_harness_id": a.id,
                     "engine": a.engine.name, "engine_version": a.engine.version, "model": a.model.name,
                     "form": a.model.form, "threads": a.execution.threads, "pass_index": a.grid.pass_index,
                     "loops": 1}
+            meta = {k: _line(v) if isinstance(v, str) else v for k, v in meta.items()}
             run = {"metadata": {k: v for k, v in meta.items() if v not in (None, "")}, "values": values}
             if warm:
                 run["warmups"] = [[1, v] for v in warm]

@@ -83,7 +83,11 @@ def critical_k(n: int, alpha: float) -> int | None:
     give a (1 - alpha) interval: 2 / 2^n > alpha)."""
     if n < 1:
         return None
-    cdf = signed_rank_cdf(n)
+    return _largest_within(signed_rank_cdf(n), alpha)
+
+
+def _largest_within(cdf: np.ndarray, alpha: float) -> int | None:
+    """The largest k with cdf[k] <= alpha/2 (a two-sided interval's critical value), or None."""
     ks = np.nonzero(cdf <= alpha / 2 + 1e-15)[0]
     return int(ks[-1]) if len(ks) else None
 
@@ -341,8 +345,7 @@ def unpaired_critical_k(m: int, n: int, alpha: float) -> int | None:
     """The largest k with P(U <= k) <= alpha/2, or None when even U = 0 exceeds it (too few runs)."""
     if m < 1 or n < 1:
         return None
-    ks = np.nonzero(mann_whitney_cdf(m, n) <= alpha / 2 + 1e-15)[0]
-    return int(ks[-1]) if len(ks) else None
+    return _largest_within(mann_whitney_cdf(m, n), alpha)
 
 
 def unpaired_needed(m_comparisons: int) -> int:

@@ -182,7 +182,7 @@ class Engine(ABC):
         return {"applied": "none", "status": f"not emulated: the {self.name} engine has no ISA switch"}
 
     def llama_bench_rows(self, a: Any) -> list[dict[str, Any]] | None:
-        """A run artifact of this engine as llama-bench's rows (`harness export --format llama-bench`: every field
+        """A run artifact of this engine as llama-bench's rows (`harness export --format llama-bench-json`: every field
         of export.LLAMA_BENCH_FIELDS, samples_ns and samples_ts); None: the engine has no such mapping."""
         return None
 

@@ -47,7 +47,7 @@ EFFECTIVE_KEYS = ("n_threads", "n_batch", "n_ubatch", "type_k", "type_v", "flash
 # overrides, no fitting): the export gives them these values where a run did not record them.
 CPU_ONLY = {"gpu_info": "", "n_gpu_layers": 0, "n_cpu_moe": 0, "split_mode": "none", "main_gpu": 0,
             "no_kv_offload": 0, "devices": "auto", "tensor_split": "0.00", "tensor_buft_overrides": "none",
-            "embeddings": 0, "no_op_offload": 0, "no_host": 0, "fit_target": 0, "fit_min_ctx": 0}
+            "embeddings": 0, "no_op_offload": 0, "no_host": 0, "fit_target": 0, "fit_min_ctx": 0, "lazy_mode": "none"}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1, -1: -1, 0: 0, 1: 1}  # llama-bench's -fa values
 
 
@@ -87,7 +87,7 @@ def llama_bench_rows(a: Any, pp: str, tg: str, model_type: str) -> list[dict[str
              "poll": eff["poll"] if isinstance(eff.get("poll"), int) else -1,
              "type_k": eff.get("type_k"), "type_v": eff.get("type_v"),
              "flash_attn": FLASH_ATTN.get(eff.get("flash_attn"), -1), "load_mode": eff.get("load_mode") or "mmap",
-             "lazy_mode": "none", "repack": int(eff.get("repack", True) is not False)}
+             "repack": int(eff.get("repack", True) is not False)}
     rows = []
     if pp in a.metrics:
         rows.append(llama_bench_test(fixed, w.prompt_len, 0, 0, a.metrics[pp].samples, a.timing.start))
