@@ -206,10 +206,11 @@ def test_the_next_runner_sweeps_marked_processes_of_dead_runners():
     try:
         for tag in (stale, live):
             procs.append(subprocess.Popen(["sleep", d], env={**os.environ, lifecycle.MARK: tag}))
-        assert len(_sleeps(d)) == 2  # Popen returns once the child has exec'd: nothing to wait for
+        assert procs[1].pid in _sleeps(d)  # Popen returns once the child has exec'd: nothing to wait for
         killed = lifecycle.sweep_stale_processes()
-        assert procs[0].pid in killed and procs[1].pid not in killed
-        assert procs[0].wait(5) == -signal.SIGKILL and procs[1].poll() is None
+        # swept: by this sweep, or first by a runner that another test worker started meanwhile (the same code)
+        assert procs[0].wait(5) == -signal.SIGKILL
+        assert procs[1].pid not in killed and procs[1].poll() is None
     finally:
         for p in procs:
             p.kill()
