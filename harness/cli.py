@@ -168,29 +168,34 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
     from harness import report
-    text, sections, ctx = report.build_all(args.store)
+    pages, sections, ctx = report.build_all(args.store)
     for line in ctx["left_out"]:
         print(f"left out (harness check refuses it): {line}", file=sys.stderr)
     docs = [(path, report.readme_text(path, ctx)) for path in (args.readme or [])]
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise UserError(args.out, "--out: a directory, or in a folder that does not exist",
+                        "give the index's file name in an existing folder (the grids' pages go beside it)")
     if args.check:
-        stale = 0
-        for path, want, fix in ((args.out, text, f"harness report --out {args.out}"),
-                                *((p, t, f"harness report --readme {p}") for p, t in docs)):
-            diff = report.check_file(path, want)
-            if diff:
-                stale += 1
-                print(f"{path}: stale: differs from what the store regenerates; run `{fix}`")
-                print("\n".join(diff))
-            else:
-                print(f"{path}: up to date")
+        stale = report.check_pages(args.out, pages)
+        for p in (p for p, t in docs if report.check_file(p, t)):
+            stale.append((p, report.check_file(p, dict(docs)[p])))
+        for path, diff in stale:
+            fix = f"harness report --readme {path}" if path in dict(docs) else f"harness report --out {args.out}"
+            print(f"{path}: stale: differs from what the store regenerates; run `{fix}`")
+            print("\n".join(diff))
+        if not stale:
+            print(f"{args.out} and {len(pages) - 1} grid page(s){' and ' + ', '.join(p for p, _ in docs) if docs else ''}"
+                  ": up to date")
         return 1 if stale else 0
-    with open(args.out, "w") as f:
-        f.write(text)
-    drawn, kept = report.write_plots(sections, Path(args.out).parent)
-    print(f"wrote {args.out}; plots: {len(drawn)} drawn, {len(kept)} unchanged (data hashes in "
-          f"{Path(args.out).parent / report.PLOT_HASHES})")
+    written, removed = report.write_pages(args.out, pages)
+    drawn, kept = report.write_plots(sections, out.parent)
+    print(f"wrote {args.out} and {len(written) - 1} grid page(s) beside it"
+          f"{f', removed {len(removed)} of grids no longer in the store' if removed else ''}; plots: {len(drawn)} drawn, "
+          f"{len(kept)} unchanged (data hashes in {out.parent / report.PLOT_HASHES})")
+    from harness.paths import replace_file
     for path, t in docs:
-        Path(path).write_text(t)
+        replace_file(Path(path), t.encode())
         print(f"wrote the generated block(s) of {path}")
     return 0
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
 from harness.errors import UserError
+from harness.paths import replace_file
 
 DEFAULT_STORES = ["artifacts", "baselines"]
 FORMATS = ("csv", "jsonl", "parquet", "llama-bench-json", "llama-bench-sql", "pyperf")
@@ -255,11 +254,4 @@ def write(out: str | None, data: bytes, stdout=None) -> None:
         raise UserError(out, "is a directory", "give --out a file name")
     if not p.parent.is_dir():
         raise UserError(out, "its folder does not exist", f"create {p.parent} first")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_file(p, data)

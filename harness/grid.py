@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from harness.errors import UserError
+from harness import views
 from harness.engines import engine_class, get_engine
 
 WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
@@ -31,7 +32,8 @@ ORDERS = ("interleaved", "sequential", "random")
 # machines of each host class; all runs every pass on every machine (a hardware comparison). One machine: the same.
 HOSTS = ("spread", "all")
 TOP_FIELDS = {"kind", "name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
-              "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads", "primary", "hosts"}
+              "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads", "primary", "hosts",
+              "report"}
 PRIMARY_FIELDS = {"metrics", "arms", "cells"}
 ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa", "observe", "observe_only",
               "hardware"}
@@ -580,6 +582,7 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     hosts = doc.get("hosts", "spread")
     if hosts not in HOSTS:
         raise _err(path, "hosts", f"unknown value {_short(hosts)}", f"allowed: {', '.join(HOSTS)} (docs/fleet.md)")
+    views.parse(path, doc.get("report"), tuple(names))  # what the report shows: refused here, read by the report
     spec = GridSpec(hosts=hosts, path=path, sha256=sha256, name=name, description=description, model=model,
                     arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc), primary=primary,
                     passes=passes, repetitions=repetitions, warmups=warmups,

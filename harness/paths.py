@@ -96,3 +96,21 @@ def contained(base: Path, *parts: str) -> Path:
     if not inside:
         raise UserError(str(path), f"resolves outside {base}", "names taken from artifacts must stay inside their folder")
     return path
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `path` whole: a temporary file beside it (mode as a new file would get) renamed over it, so a link
+    in its place is replaced, never written through, and a reader never sees half a file."""
+    import tempfile
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

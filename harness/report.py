@@ -19,10 +19,11 @@ from typing import Any
 import jinja2
 import numpy as np
 
-from harness import analysis, stats
+from harness import analysis, stats, summary, views
 from harness.analysis import Newest, by_host, by_key
 from harness.artifact import RunArtifact
 from harness.errors import UserError
+from harness.grid import read_yaml
 from harness.paths import PROJECT_ROOT
 from harness.probe import describe
 from harness.plotcache import PLOT_HASHES, write_plots  # noqa: F401 (cli and tests reach them here)
@@ -31,25 +32,13 @@ from harness.store import Store, gc_paused, load_path
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
 
-# Targets an issue set, checked from the store by an interval (never typed by hand): grid -> targets. Each arm
-# against the reference arm, paired by pass in each cell, in a family of the arms named.
-TARGETS: dict[str, tuple[dict, ...]] = {
-    "runtime-decode": ({"issue": "#17", "metric": "decode_tok_s", "against": "llama.cpp-f32", "at_least": 0.6,
-                        "arms": ("vllm-fp32", "vllm-fp32-both")},),
-    "decode-compiled": ({"issue": "#17", "metric": "decode_tok_s", "against": "llama.cpp-f32", "at_least": 0.6,
-                         "arms": ("eager", "compiled", "compiled-gemv")},),
-    "decode-target": ({"issue": "#17", "metric": "decode_tok_s", "against": "llama.cpp-f32", "at_least": 0.6,
-                       "arms": ("compiled", "compiled-gemv")},),
-}
-
-
 def _paired_against(t: dict, vals: dict[str, dict[tuple[str, int], float]], ref: dict[tuple[str, int], float],
                     labels: tuple[str, str, str]):
     """Per target arm and cell: its values paired by pass against the reference's, the comparison (a family of the
     target's arms), the paired keys, the status against the target (labels: met, not met, undecided) and the
     interval text. The family is the target's arms that this series measured (a series may run fewer of them)."""
-    family = max(1, sum(1 for arm in t["arms"] if vals.get(arm)))
-    for arm in t["arms"]:
+    family = max(1, sum(1 for arm in t.arms if vals.get(arm)))
+    for arm in t.arms:
         for cell in sorted({c for c, _ in vals.get(arm, {})}):
             keys = sorted(k for k in set(vals[arm]) & set(ref) if k[0] == cell)
             if not keys:
@@ -58,26 +47,26 @@ def _paired_against(t: dict, vals: dict[str, dict[tuple[str, int], float]], ref:
             if c.ci_low is None or c.ci_high is None:
                 status, ci = "undecided (too few passes for an interval)", ""
             else:
-                status = labels[0] if c.ci_low >= t["at_least"] else labels[1] if c.ci_high < t["at_least"] \
+                status = labels[0] if c.ci_low >= t.at_least else labels[1] if c.ci_high < t.at_least \
                     else labels[2]
                 ci = f" [{c.ci_low:.2f}, {c.ci_high:.2f}] ({stats.level_text(c.level)})"
             yield arm, keys, c, status, ci
 
 
-def targets_block(name: str, arts: list) -> list[str]:
+def targets_block(targets: tuple[views.Target, ...], arts: list) -> list[str]:
     """Generated lines: each target's arm / reference ratio (paired Hodges-Lehmann with its interval) and whether
     the target is met (the whole interval at or above it), not met (the whole interval below) or undecided."""
     out = []
-    for t in TARGETS.get(name, ()):
+    for t in targets:
         vals: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
         for a in arts:
-            if a.status == "ok" and t["metric"] in a.metrics:
-                vals[a.grid.arm][(a.grid.cell, a.grid.pass_index)] = stats.run_value(a.metrics[t["metric"]].samples)
-        ref = vals.get(t["against"], {})
+            if a.status == "ok" and t.metric in a.metrics:
+                vals[a.grid.arm][(a.grid.cell, a.grid.pass_index)] = stats.run_value(a.metrics[t.metric].samples)
+        ref = vals.get(t.against, {})
         for arm, _, c, status, ci in _paired_against(
                 t, vals, ref, ("met", "not met", "undecided (the interval holds the target)")):
-            out.append(f"{arm} / {t['against']} {t['metric']}: {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired, "
-                       f"against the target of at least {t['at_least']}x ({t['issue']}): {status}.")
+            out.append(f"{arm} / {t.against} {t.metric}: {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired, "
+                       f"against the target of at least {t.at_least:g}x ({t.issue}): {status}.")
         out += _forward_bounds(t, arts, ref)
     return out
 
@@ -108,18 +97,18 @@ def _forward_bounds(t: dict, arts: list, ref: dict[tuple[str, int], float]) -> l
     forward removed too), each paired by pass against the reference's decode rate. Upper bounds of what removing
     per-step overhead (or everything but the kernel) can give: when even an interval lies below the target, what
     is left is in what remains."""
-    if t["metric"] != "decode_tok_s":
+    if t.metric != "decode_tok_s":
         return []
     out = []
     for source, what, labels in BOUNDS:
         rate: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
         for a in arts:
-            ms = _step_ms(a, source) if a.status == "ok" and a.grid.arm in t["arms"] else None
+            ms = _step_ms(a, source) if a.status == "ok" and a.grid.arm in t.arms else None
             if ms:
                 rate[a.grid.arm][(a.grid.cell, a.grid.pass_index)] = 1000.0 / ms
         for arm, keys, c, status, ci in _paired_against(t, rate, ref, labels):
             ms = stats.summarize([1000.0 / rate[arm][k] for k in keys]).median
-            out.append(f"{arm} with nothing but {what} ({ms:.1f} ms a step) / {t['against']} {t['metric']}: "
+            out.append(f"{arm} with nothing but {what} ({ms:.1f} ms a step) / {t.against} {t.metric}: "
                        f"at most {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired: {status}.")
     return out
 
@@ -525,21 +514,19 @@ def _share(a: Any, table: dict) -> Any:
 
 
 # The speed grids whose builds are set against the machine's ceiling (when they are in the store).
-CEILING_GRIDS = ("llamacpp-baseline", "vllm-vs-llamacpp", "decode-threads", "hardware-ladder", "step-attribution")
 
 
 
-
-
-def ceiling_section(calibrations: list, newest: Newest) -> list[dict]:
+def ceiling_section(calibrations: list, newest: Newest, ceiling_grids: tuple[str, ...]) -> list[dict]:
     """Per host: decode as weight bytes per second against the read bandwidth measured on that host, prefill
     as FLOP/s against its matmul peak, both at the run's thread count (the host's newest calibration, newest
-    series). A host with speed series and no calibration is named, with the command that measures one."""
+    series of the grids whose files declare `report: {ceiling: true}`). A host with speed series and no
+    calibration is named, with the command that measures one."""
     cal_by_host = {key: max(cals, key=lambda c: c.timing.end) for key, cals in by_key(calibrations).items()}
     # an emulated class is its own host here: its runs are set against the calibration taken under its caps
     speed: dict[str, dict[str, list]] = defaultdict(dict)
     for (name, _machine), arts in newest.items():
-        if name in CEILING_GRIDS:
+        if name in ceiling_grids:
             for key, mine in by_key(arts).items():
                 speed[key][name] = mine
     out = []
@@ -551,18 +538,18 @@ def ceiling_section(calibrations: list, newest: Newest) -> list[dict]:
             out.append({"host_key": key, "missing": f"no calibration for host `{key}`: run {how} "
                         "on it; another machine's ceiling is never borrowed"})
             continue
-        out.append(_ceiling_of_host(cal, speed.get(key, {})))
+        out.append(_ceiling_of_host(cal, speed.get(key, {}), ceiling_grids))
     return out
 
 
-def _ceiling_of_host(cal: Any, newest: dict[str, list[RunArtifact]]) -> dict:
+def _ceiling_of_host(cal: Any, newest: dict[str, list[RunArtifact]], ceiling_grids: tuple[str, ...]) -> dict:
     from harness.ceiling import best_by_threads
     from harness.models import MATMUL_PARAMETERS
     best = best_by_threads(cal)
     cal_rows = [{"threads": t, "bw": f"{b['read_bandwidth_gb_s']:.1f}", "fp32": f"{b['matmul_gflop_s_fp32']:.0f}",
                  "bf16": f"{b['matmul_gflop_s_bf16']:.0f}"} for t, b in sorted(best.items())]
     rows = []
-    for name in CEILING_GRIDS:
+    for name in ceiling_grids:
         if name not in newest:
             continue
         groups: dict[tuple, list[RunArtifact]] = defaultdict(list)
@@ -627,9 +614,10 @@ def _definitions_note(tables: list[dict]) -> str:
     return "one definition per metric for every engine (harness/metrics.py)"
 
 
-def _speed_of(newest: Newest, host: str, engine: str, form: str, threads: int) -> dict[str, str]:
+def _speed_of(newest: Newest, host: str, engine: str, form: str, threads: int,
+              ceiling_grids: tuple[str, ...]) -> dict[str, str]:
     """A build's measured speed on one host, from that host's newest series of the speed grids: the first of
-    CEILING_GRIDS that ran this engine, model form and thread count (then any other grid), its cell with the
+    the ceiling grids that ran this engine, model form and thread count (then any other grid), its cell with the
     shortest prompt. Another host's speed is never shown beside this host's fidelity."""
     groups: dict[tuple, list[RunArtifact]] = defaultdict(list)
     for (name, key), arts in newest.items():
@@ -644,7 +632,7 @@ def _speed_of(newest: Newest, host: str, engine: str, form: str, threads: int) -
 
     def rank(kv: tuple) -> tuple:
         (name, cell), arts = kv
-        grid_rank = CEILING_GRIDS.index(name) if name in CEILING_GRIDS else len(CEILING_GRIDS)
+        grid_rank = ceiling_grids.index(name) if name in ceiling_grids else len(ceiling_grids)
         return grid_rank, arts[0].workload.prompt_len, -len(arts), name, cell
     (grid_name, cell), arts = min(groups.items(), key=rank)
     out = {"where": f"{grid_name}, {cell.replace('batch=1,', '')}"}
@@ -654,7 +642,7 @@ def _speed_of(newest: Newest, host: str, engine: str, form: str, threads: int) -
     return out
 
 
-def fidelity_section(name: str, all_arts: list, newest: Newest) -> dict:
+def fidelity_section(name: str, all_arts: list, newest: Newest, ceiling_grids: tuple[str, ...] = ()) -> dict:
     """The newest result of each build (and cross-engine pair) of a fidelity grid on one host (`all_arts`
     are that host's), beside its speed on the same host."""
     arts = analysis.newest_series(all_arts)
@@ -665,7 +653,7 @@ def fidelity_section(name: str, all_arts: list, newest: Newest) -> dict:
     rows = []
     for (build, cross), a in sorted(by_build.items(), key=lambda kv: (kv[0][1], kv[1].engine.name, kv[0][0])):
         s = a.summary
-        speed = _speed_of(newest, a.host.key, a.engine.name, a.model.form, a.execution.threads)
+        speed = _speed_of(newest, a.host.key, a.engine.name, a.model.form, a.execution.threads, ceiling_grids)
 
         def f(key: str, digits: str = ".3f") -> str:
             v = s.get(key)
@@ -703,8 +691,9 @@ def _emulated_arms(arts: list[RunArtifact]) -> list[dict]:
             for _, r in sorted(out.items())]
 
 
-def render(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> str:
-    return build(store_dirs, template)[0]
+def render(store_dirs: list[str] | None = None) -> str:
+    """The whole report as one text: the index, then every grid's page."""
+    return "".join(build_all(store_dirs)[0].values())
 
 
 def plot_names(section: dict) -> list[str]:
@@ -723,13 +712,20 @@ def plot_names(section: dict) -> list[str]:
     return names
 
 
-def build(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> tuple[str, list[dict]]:
-    text, sections, _ = build_all(store_dirs, template)
-    return text, sections
+def build(store_dirs: list[str] | None = None) -> tuple[str, list[dict]]:
+    pages, sections, _ = build_all(store_dirs)
+    return "".join(pages.values()), sections
 
 
-def build_all(store_dirs: list[str] | None = None, template: str = "results.md.j2") -> tuple[str, list[dict], dict]:
-    """(markdown, grid sections, the whole context the templates are rendered from)."""
+Pages = dict[str, str]  # file name (beside the index) -> markdown; the index (INDEX) first
+
+
+INDEX = "results.md"
+
+
+def build_all(store_dirs: list[str] | None = None) -> tuple[Pages, list[dict], dict]:
+    """(the pages: the index and a page per grid, grid sections, the whole context the templates are rendered
+    from)."""
     if store_dirs:  # a store named by the user must exist: a typo must not render an empty report
         for d in store_dirs:
             if not Path(d).is_dir():
@@ -737,53 +733,208 @@ def build_all(store_dirs: list[str] | None = None, template: str = "results.md.j
     store_dirs = [str(d) for d in store_dirs] if store_dirs else ["artifacts", "baselines"]
     with gc_paused():  # thousands of parsed artifacts and the rows made from them: trees, no cycles
         try:
-            return _build_all(store_dirs, template)
+            return _build_all(store_dirs)
         finally:
             analysis.forget()
 
 
-def _build_all(store_dirs: list[str], template: str) -> tuple[str, list[dict], dict]:
+def _build_all(store_dirs: list[str]) -> tuple[Pages, list[dict], dict]:
     """build_all, memoized: where every file's verdict is in its store's verification cache under the file's
     current stamp, the report of exactly these inputs (_output_key) rendered before is read back (_Output)."""
     dirs = [d for d in store_dirs if Path(d).exists()]
     listing = _listing(dirs)
-    memo = _Output(store_dirs, template)
+    memo = _Output(store_dirs, "pages")
     known = _cached_inputs(listing)
     if known is not None:
         hit = memo.load(known)
         if hit is not None:
             return hit
     inputs: list = []
-    out = _render_all(store_dirs, template, collect(dirs, listing, inputs))
+    views.forget()  # the grid files this render reads (their `report:` fields) are inputs too: memo.save keeps them
+    out = _render_all(store_dirs, collect(dirs, listing, inputs))
     if all(None not in ids for _, ids, _ in inputs):
-        memo.save(inputs, out)
+        memo.save(inputs, out, views.reads())
     return out
 
 
-def _render_all(store_dirs: list[str], template: str, c: Collected) -> tuple[str, list[dict], dict]:
+def _render_all(store_dirs: list[str], c: Collected) -> tuple[Pages, list[dict], dict]:
     newest = analysis.newest_by_grid_and_host(c.runs)  # each speed grid's newest series per host, once
     gates = analysis.fidelity_gates([a for arts in c.fidelity.values() for a in arts])
-    fsections = [fidelity_section(name, host_arts, newest)
+    specs = {}  # grid name -> what its file declares the report shows (views.py), read from its newest series' file
+    for name, arts in c.runs.items():
+        latest = max(arts, key=lambda a: a.timing.end)
+        specs[name] = views.of_series(name, latest.grid.path, read_yaml)
+    ceiling_grids = tuple(sorted(n for n, (spec, _) in specs.items() if spec.ceiling))
+    fsections = [fidelity_section(name, host_arts, newest, ceiling_grids)
                  for name, arts in c.fidelity.items() for host_arts in by_host(arts).values()]
-    ceiling = ceiling_section(c.calibrations, newest)
+    ceiling = ceiling_section(c.calibrations, newest, ceiling_grids)
     sections = []
     cal_by_host = {key: max(cals, key=lambda c: c.timing.end) for key, cals in by_key(c.calibrations).items()}
     for name, arts in c.runs.items():
         groups = by_host(arts)
+        spec, problem = specs[name]
         for key, host_arts in groups.items():
             sec = grid_section(name, host_arts, c.where, gates)
+            if problem:
+                sec["warnings"] = sorted({*sec["warnings"], printable(problem)})
             sec["n_hosts"] = len(groups)
+            sec["blocks"] = list(spec.blocks)
             series = analysis.newest_series(host_arts)  # once: every view below reads this host's newest series
-            sec["scale"] = _scale(sec, series, cal_by_host)
-            sec["steps"] = _steps(sec, series, cal_by_host)
-            sec["targets"] = targets_block(name, series)
-            sec["context"] = _context(sec, series, cal_by_host)
+            sec["scale"] = _scale(sec, series, cal_by_host) if spec.shows("scale") else None
+            sec["steps"] = _steps(sec, series, cal_by_host) if spec.shows("steps") else None
+            sec["targets"] = targets_block(spec.targets, series)
+            sec["context"] = _context(sec, series, cal_by_host) if spec.shows("context") else None
             sec["plots"] = plot_names(sec)
             sections.append(sec)
     ctx = {"sections": sections, "fidelity": fsections, "ceilings": ceiling, "stores": store_dirs,
            "left_out": [printable(line) for line in c.left_out],
            "hosts": hosts_rows(c), "across_hosts": across_hosts(sections)}
-    return _env().get_template(template).render(**ctx), sections, ctx
+    ctx["grids"] = grid_pages(sections, fsections, ctx["across_hosts"])
+    legacy = {h["key"] for h in ctx["hosts"] if str(h["identity"]).startswith("legacy")}
+    ctx["summary"] = summary_view(summary.summarize(newest, gates, legacy), ctx["hosts"],
+                                  {g["name"]: g["page"] for g in ctx["grids"]})
+    ctx["summary_intro"] = summary_intro()
+    env = _env()
+    pages = {INDEX: env.get_template("results.md.j2").render(**ctx)}
+    for g in ctx["grids"]:
+        pages[g["page"]] = env.get_template("grid.md.j2").render(g=g, stores=store_dirs)
+    return pages, sections, ctx
+
+
+PAGE_MARK = "<!-- harness report: a grid's page, rendered from the store; do not edit -->"
+
+
+def write_pages(out: str, pages: Pages) -> tuple[list[str], list[str]]:
+    """The index to `out`, each grid's page beside it, every file replaced whole (never written through a link);
+    pages of grids no longer in the store (a file beside it that starts with PAGE_MARK) removed. (written,
+    removed)."""
+    from harness.paths import replace_file
+    folder = Path(out).parent
+    written = []
+    for name, text in pages.items():
+        path = Path(out) if name == INDEX else folder / name
+        replace_file(path, text.encode())
+        written.append(str(path))
+    removed = []
+    for p in orphan_pages(out, pages):
+        p.unlink()
+        removed.append(str(p))
+    return written, removed
+
+
+def orphan_pages(out: str, pages: Pages) -> list[Path]:
+    """Files beside the index that a report wrote as a grid's page (they start with PAGE_MARK) and that the store
+    renders no more."""
+    out_p = Path(out)
+    found = []
+    for p in sorted(out_p.parent.glob("*.md")):
+        if p.name in pages or p.name == out_p.name or p.is_symlink() or not p.is_file():
+            continue
+        try:
+            with open(p, "rb") as f:
+                head = f.read(len(PAGE_MARK))
+        except OSError:
+            continue
+        if head == PAGE_MARK.encode():
+            found.append(p)
+    return found
+
+
+def check_pages(out: str, pages: Pages) -> list[tuple[str, list[str]]]:
+    """(path, diff lines) for each page that differs from what the store renders (a missing one included) and each
+    orphan page (orphan_pages)."""
+    folder = Path(out).parent
+    stale = []
+    for name, text in pages.items():
+        path = out if name == INDEX else str(folder / name)
+        diff = check_file(path, text)
+        if diff:
+            stale.append((path, diff))
+    for p in orphan_pages(out, pages):
+        stale.append((str(p), [f"{p}: the page of a grid the store no longer holds: `harness report` removes it"]))
+    return stale
+
+
+def _summary_entry(b: summary.Best | None, page: dict[str, str]) -> dict:
+    if b is None:
+        return {"text": "-", "grid": "", "page": ""}
+    c = b.comparison
+    if c is None:
+        ratio = "reference"
+    elif c.has_interval:
+        ratio = f"{c.ratio:.2f}x [{c.ci_low:.2f}, {c.ci_high:.2f}], {_short_verdict(b.verdict)}"
+    else:
+        ratio = f"{c.ratio:.2f}x, {_short_verdict(b.verdict)} (no interval)"
+    return {"text": f"`{b.form}` {_fmt(b.median)} ({ratio})", "grid": b.grid, "page": page.get(b.grid, "")}
+
+
+def summary_intro() -> str:
+    ref = " or ".join(f"{e} on its `{f}` form" for e, f in sorted(summary.reference_forms().items()))
+    return (f"The short answer, per host: for each model measured, each engine's best form on decode rate, prefill "
+            f"rate and time to first token, as its median and its ratio to {ref} (the same model's weights), paired "
+            "by pass within one series and cell (a single request), with the exact interval at the level of its "
+            "family (the engines set against the reference for that model, metric and host: Bonferroni) and the "
+            "verdict. A form's figure comes from "
+            "the series that measured it in the most passes (the link names its grid); the best form is the best "
+            "point ratio among the forms whose fidelity did not fail on that host. Left out: hosts whose identity was not recorded, series of a "
+            "dirty tree, emulated hardware classes, metrics whose engines' definitions differ, and engines no series "
+            "set against the reference (their grids' pages show them). Fidelity: of each best form's build on that "
+            "host (docs/methodology.md, fidelity gates speed).")
+
+
+def summary_view(rows: list[summary.Row], hosts: list[dict], page: dict[str, str]) -> list[dict]:
+    """The summary's rows (summary.summarize) as the index and the README print them: one table per host."""
+    described = {h["key"]: h for h in hosts}
+    out: dict[str, dict] = {}
+    for r in rows:
+        h = described.get(r.host, {})
+        g = out.setdefault(r.host, {"host_key": r.host, "cpu": h.get("cpu", "unknown"),
+                                    "isa_tier": h.get("isa_tier", "unknown"), "cores": h.get("cores", "?"),
+                                    "memory": h.get("memory", "unknown"), "rows": []})
+        entries = {m: _summary_entry(r.best.get(m), page) for m in summary.METRICS}
+        g["rows"].append({"model": r.model, "engine": r.engine, "synthetic": r.synthetic,
+                          "fidelity": ", ".join(sorted({f"{b.form} {b.fidelity}" for b in r.best.values()})),
+                          "entries": [entries[m] for m in summary.METRICS]})
+    return list(out.values())
+
+
+def page_name(grid: str, taken: set[str]) -> str:
+    """The file of a grid's page beside the index: <grid>.md, or, for a name that is no plain file name (a
+    hostile store's), the index's own name or one taken, grid-<sha256 prefix>.md."""
+    import re
+    name = f"{grid}.md"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,100}", grid) or name == INDEX or name.lower() in taken:
+        name = f"grid-{hashlib.sha256(grid.encode()).hexdigest()[:12]}.md"
+    taken.add(name.lower())
+    return name
+
+
+def grid_pages(sections: list[dict], fsections: list[dict], across: list[dict]) -> list[dict]:
+    """One page per grid, speed and fidelity grids alike, in the order of their names: its sections (every host's
+    newest series), its across-host comparison and the index's line (hosts, passes, verdicts counted)."""
+    names = sorted({s["name"] for s in sections} | {f["name"] for f in fsections})
+    taken: set[str] = set()
+    out = []
+    for name in names:
+        secs = [s for s in sections if s["name"] == name]
+        fids = [f for f in fsections if f["name"] == name]
+        words: dict[str, int] = defaultdict(int)
+        for s in secs:
+            for t in s["tables"]:
+                for r in t["rows"]:
+                    if r["role"] == "family":
+                        words[_short_verdict(r["verdict"]) if "ci" in r else "no interval"] += 1
+        for f in fids:
+            for r in f["rows"]:
+                if "(cross-engine)" not in r["build"]:
+                    words[_short_verdict(r["verdict"])] += 1
+        out.append({"name": name, "page": page_name(name, taken), "kind": "speed" if secs else "fidelity",
+                    "hosts": sorted({x["host_key"] for x in secs + fids}),
+                    "passes": ", ".join(str(p) for p in sorted({s["passes"] for s in secs})) or "-",
+                    "verdicts": ", ".join(f"{w} {n}" for w, n in sorted(words.items(), key=lambda kv: (-kv[1], kv[0])))
+                    or "none", "sections": secs, "fidelity": fids,
+                    "across": [a for a in across if a["grid"] == name]})
+    return out
 
 
 def _cached_inputs(listing: list) -> list | None:
@@ -843,17 +994,18 @@ class _Output:
     def key(self, inputs: list) -> str:
         return _output_key(self.store_dirs, self.template, inputs)
 
-    def load(self, inputs: list) -> tuple[str, list[dict], dict] | None:
+    def load(self, inputs: list) -> tuple[Pages, list[dict], dict] | None:
+        """The memoized output, where every grid file it read (views.reads) still has the bytes it had."""
         from harness.hashcache import load_pickle
         allowed = OUTPUT_CLASSES | frozenset((c.__module__, c.__name__) for c in _artifact_classes())
         v = load_pickle(self.path, {**self.meta, "key": self.key(inputs)}, allowed)
-        ok = isinstance(v, tuple) and len(v) == 3 and isinstance(v[0], str) and isinstance(v[1], list) \
-            and isinstance(v[2], dict)
-        return v if ok else None  # type: ignore[return-value]
+        ok = isinstance(v, tuple) and len(v) == 4 and isinstance(v[0], dict) and isinstance(v[1], list) \
+            and isinstance(v[2], dict) and views.still_valid(v[3])
+        return v[:3] if ok else None  # type: ignore[index]
 
-    def save(self, inputs: list, out: tuple[str, list[dict], dict]) -> None:
+    def save(self, inputs: list, out: tuple[Pages, list[dict], dict], grid_reads: list) -> None:
         from harness.hashcache import save_pickle
-        save_pickle(self.path, {**self.meta, "key": self.key(inputs)}, out)
+        save_pickle(self.path, {**self.meta, "key": self.key(inputs)}, (*out, grid_reads))
 
 
 def _output_key(store_dirs: list[str], template: str, inputs: list) -> str:
@@ -1044,21 +1196,16 @@ def format_hosts(rows: list[dict]) -> str:
 
 
 # Generated blocks in the README and the docs: each between its own markers, rendered from the store by
-# `harness report --readme FILE` and checked with --check. name -> (template, grids, metrics shown).
-BLOCKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...] | None]] = {
-    "published": ("readme.md.j2", ("vllm-vs-llamacpp", "model-scale", "context-scale", "context-scale-1_7b",
-                                  "step-attribution", "batch-sweep", "llamacpp-baseline",
-                                  "quickstart"),
-                  ("decode_tok_s", "ttft_s", "prefill_tok_s", "itl_p50_s", "itl_p99_s", "output_tok_s")),
-    "runtime": ("evidence.md.j2", ("step-attribution", "runtime-decode", "decode-compiled", "decode-target", "runtime-startup",
-                                  "runtime-patches"),
-                ("startup_s", "decode_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mib")),
-    "definitions": ("definitions.md.j2", ("llama-bench-vs-request",), ()),
-    "hardware": ("hardware.md.j2", ("hardware-ladder", "hardware-memory"),
-                 ("decode_tok_s", "prefill_tok_s", "ttft_s", "startup_s", "peak_rss_mib")),
-    "evidence": ("evidence.md.j2", ("planted-interleaved", "planted-sequential", "noise-aa", "footprint-llamacpp",
-                                    "footprint-vllm"), None),
+# `harness report --readme FILE` and checked with --check. name -> (template, metrics shown); the grids a block
+# shows are those whose files name it (`report: {blocks: [...]}`, views.py), in the order of their names.
+BLOCKS: dict[str, tuple[str, tuple[str, ...] | None]] = {
+    "published": ("readme.md.j2", None),
+    "runtime": ("evidence.md.j2", ("startup_s", "decode_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mib")),
+    "definitions": ("definitions.md.j2", ()),
+    "hardware": ("hardware.md.j2", ("decode_tok_s", "prefill_tok_s", "ttft_s", "startup_s", "peak_rss_mib")),
+    "evidence": ("evidence.md.j2", None),
 }
+assert set(BLOCKS) == {"published", *views.BLOCKS}  # published: the README's summary, of every grid
 
 
 def block_markers(name: str) -> tuple[str, str]:
@@ -1126,15 +1273,17 @@ def definition_pairs(section: dict) -> list[dict]:
 
 
 def render_block(name: str, ctx: dict) -> str:
-    template, grids, metrics = BLOCKS[name]
+    template, metrics = BLOCKS[name]
     begin, end = block_markers(name)
-    secs = [sec for g in grids for sec in ctx["sections"] if sec["name"] == g]
+    secs = sorted((sec for sec in ctx["sections"] if name in sec.get("blocks", ())), key=lambda s: s["name"])
+    grids = tuple(dict.fromkeys(sec["name"] for sec in secs))
     class_hosts = {e["host_key"]: e["cls"] for sec in secs for e in sec.get("emulated_arms", [])}
     class_hosts.update({sec["host_key"]: "native" for sec in secs if sec.get("emulated_arms")})
     return _env().get_template(template).render(
         sections=[{**sec, "pivots": pivot(sec, metrics), "pairs": definition_pairs(sec),
                    "warnings_brief": _brief(sec["warnings"])} for sec in secs],
-        fidelity=ctx["fidelity"], class_hosts=class_hosts, block_grids=grids,
+        fidelity=ctx["fidelity"], class_hosts=class_hosts, block_grids=grids, summary=ctx["summary"],
+        summary_intro=ctx["summary_intro"],
         ceilings=ctx["ceilings"], hosts=ctx["hosts"], begin=begin, end=end).rstrip("\n")
 
 

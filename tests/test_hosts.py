@@ -124,7 +124,7 @@ def test_ceiling_and_auto_policy_are_per_host(write_grid, tmp_path, on_other_mac
     from conftest import COMMAND_GRID
     from harness.engines.vllm import measured_costs
     # the other machine measures a speed grid that the ceiling reads; only the published host has a calibration
-    g = write_grid(COMMAND_GRID.replace("name: cmd", "name: llamacpp-baseline"))
+    g = write_grid(COMMAND_GRID.replace("name: cmd", "name: cmd-ceiling") + "report: {ceiling: true}\n")
     execute.run(str(g), store_root=tmp_path / "st")
     shutil.copytree(PROJECT_ROOT / "baselines" / "calibration", tmp_path / "st" / "calibration")
     published = load_path(next((PROJECT_ROOT / "baselines" / "calibration").glob("*.json"))).host.key

@@ -134,6 +134,8 @@ class Engine(ABC):
     step_parts_order: ClassVar[int] = 100
     definition_of: ClassVar[str | None] = None  # another engine measured by this one's own definitions (report pairs)
     definition_pairs: ClassVar[tuple[tuple[str, str], ...]] = ()  # (that engine's metric, this one's) compared
+    # the form of this engine the summary sets every engine against (harness/summary.py); one engine has one
+    summary_reference: ClassVar[str | None] = None
 
     def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
         """The form a run loads. `auto` (engines with auto_form): the form the engine's dtype rule picks for the

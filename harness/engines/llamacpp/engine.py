@@ -61,6 +61,7 @@ class LlamaCppOptions(Options):
 
 class LlamaCpp(Engine):
     name = "llama.cpp"
+    summary_reference = "gguf-f32"  # the summary's yardstick: llama.cpp on full-precision weights
     default_form = "gguf-f32"
     form_prefix = "gguf-"
     form_hint = "use gguf-f32, gguf-bf16, gguf-q8_0 ..."
