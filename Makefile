@@ -46,16 +46,19 @@ models: venv llama.cpp
 	@mkdir -p .models && ln -sfn "$$($(HARNESS) models path smollm2-135m gguf-q4_1)" .models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 # The demo runs the quickstart grid for real on this machine, into its own store (.demo/, not the
-# published artifacts/), renders that run's report, regenerates the published report from
-# artifacts/ and baselines/, and checks the provenance of both stores.
+# published artifacts/), checks the fidelity of its two builds there (a build below threshold is reported,
+# and its verdict withheld, not a stop), renders that run's report, regenerates the published report from
+# artifacts/ and baselines/, checks the provenance of both stores, and ends with the primary comparison's verdict.
 demo: setup
 	$(HARNESS) probe > /dev/null
 	$(HARNESS) plan grids/quickstart.yaml
 	$(HARNESS) run grids/quickstart.yaml --store .demo/artifacts
-	$(HARNESS) report --store .demo/artifacts --out .demo/results.md
+	-$(HARNESS) fidelity grids/quickstart-fidelity.yaml --store .demo/artifacts --references .demo/baselines/quality
+	$(HARNESS) report --store .demo/artifacts --store .demo/baselines --out .demo/results.md
 	$(HARNESS) report --out reports/results.md --readme README.md --readme docs/methodology.md --readme docs/runtime.md --readme docs/hardware.md
-	$(HARNESS) check .demo/artifacts artifacts baselines
-	@echo "[demo] this machine's run: .demo/results.md; the published results: reports/results.md"
+	$(HARNESS) check .demo/artifacts .demo/baselines artifacts baselines
+	@echo "[demo] this machine's run: .demo/results.md and .demo/quickstart.md; the published results: reports/results.md"
+	@$(HARNESS) report --store .demo/artifacts --store .demo/baselines --verdict quickstart
 
 # Workers, a test module on one (its shared engine runs stay shared; tests/conftest.py groups them), the modules
 # that run real engines first; the workers' engine runs still take turns on the machine's measuring lock.

@@ -171,6 +171,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     pages, sections, ctx = report.build_all(args.store)
     for line in ctx["left_out"]:
         print(f"left out (harness check refuses it): {line}", file=sys.stderr)
+    if args.verdict:
+        lines = report.verdict_lines(sections, args.verdict)
+        if not lines:
+            raise UserError(args.verdict, "--verdict: no series of this grid in the store",
+                            f"run it first (harness run grids/{args.verdict}.yaml), or name a grid `harness hosts` lists")
+        print("\n".join(lines))
+        return 0
     docs = [(path, report.readme_text(path, ctx)) for path in (args.readme or [])]
     out = Path(args.out)
     if out.is_dir() or not out.parent.is_dir():
@@ -403,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--readme", action="append", default=None, metavar="FILE",
                     help="also render the generated blocks of FILE (README's published results, the docs' evidence; "
                          "between their markers) from the store; repeatable")
+    sr.add_argument("--verdict", metavar="GRID", help="print the verdicts of GRID's newest series on each host "
+                    "(its comparisons given verdicts, fidelity gates included) and write nothing")
 
     sh = sub.add_parser("hosts", help="the machines (host keys) that measured a store")
     sh.add_argument("--store", action="append", default=None, help="store directory (repeatable; default: "

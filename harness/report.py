@@ -898,6 +898,22 @@ def summary_view(rows: list[summary.Row], hosts: list[dict], page: dict[str, str
     return list(out.values())
 
 
+def verdict_lines(sections: list[dict], grid: str) -> list[str]:
+    """One line per comparison given a verdict in each host's newest series of `grid` (the page's own words)."""
+    out = []
+    for s in sections:
+        if s["name"] != grid:
+            continue
+        out.append(f"{grid} on host {s['host_key']} ({s['passes']} passes; family: {s['family']}):")
+        for t in s["tables"]:
+            for r in t["rows"]:
+                if r["role"] == "family":
+                    fid = "" if r["fidelity"] == "n/a" else f"; fidelity {r['fidelity']}"
+                    out.append(f"  {r['arm']} / {s['baseline']} {t['metric']} at {r['cell_short'] or r['cell']}: "
+                               f"{r['ratio']}: {r['verdict']}{fid}")
+    return out
+
+
 def page_name(grid: str, taken: set[str]) -> str:
     """The file of a grid's page beside the index: <grid>.md, or, for a name that is no plain file name (a
     hostile store's), the index's own name or one taken, grid-<sha256 prefix>.md."""

@@ -136,3 +136,16 @@ def test_page_names_are_plain_files_beside_the_index():
     for hostile in ("../x", "results", "a/b", ".hidden", "x" * 300, "QUICKSTART"):
         name = report.page_name(hostile, taken)
         assert name.startswith("grid-") and "/" not in name and name.endswith(".md")
+
+
+def test_verdict_prints_the_pages_verdicts_and_writes_nothing(tmp_path, monkeypatch, cli):
+    d = _golden(tmp_path, monkeypatch)
+    before = sorted(p.name for p in d.iterdir())
+    rc, out, _ = cli("report", "--store", "store", "--verdict", "golden")
+    lines = out.strip().splitlines()
+    assert rc == 0 and lines[0].startswith("golden on host f407ce910eeb (6 passes; family: 2 comparison(s)")
+    assert len(lines) == 3 and all(ln.startswith("  slow / fast wall_s at threads=") for ln in lines[1:])
+    assert all("undetermined: 6 passes cannot give a 97.5% interval" in ln for ln in lines[1:])
+    assert sorted(p.name for p in d.iterdir()) == before
+    rc, _, err = cli("report", "--store", "store", "--verdict", "nope")
+    assert rc == 2 and "--verdict: no series of this grid" in err
