@@ -13,9 +13,16 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -
 TORCH_INDEX ?=
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: setup venv llama.cpp models demo test test-fast bench planted calibrate fidelity ceiling coverage footprint clean-venv
+.PHONY: setup venv llama.cpp models browser demo test test-fast bench planted calibrate fidelity ceiling coverage footprint clean-venv
 
-setup: venv llama.cpp models
+setup: venv llama.cpp models browser
+
+# Headless Chromium (Debian's package) opens the HTML report in its test; installed where apt-get can, else the
+# test skips and says why.
+browser:
+	@command -v chromium > /dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null && \
+	  apt-get install -y --no-install-recommends chromium > /dev/null 2>&1; } || \
+	  echo "[setup] chromium is not installed: the HTML report's browser test will skip (fix: apt-get install chromium)"
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \

@@ -178,6 +178,11 @@ def cmd_report(args: argparse.Namespace) -> int:
                             f"run it first (harness run grids/{args.verdict}.yaml), or name a grid `harness hosts` lists")
         print("\n".join(lines))
         return 0
+    if args.html:
+        from harness import html
+        written = html.write(args.html, pages, sections)
+        print(f"wrote {len(written)} HTML page(s) to {args.html} (open {Path(args.html) / 'index.html'}; no server needed)")
+        return 0
     docs = [(path, report.readme_text(path, ctx)) for path in (args.readme or [])]
     out = Path(args.out)
     if out.is_dir() or not out.parent.is_dir():
@@ -410,6 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--readme", action="append", default=None, metavar="FILE",
                     help="also render the generated blocks of FILE (README's published results, the docs' evidence; "
                          "between their markers) from the store; repeatable")
+    sr.add_argument("--html", metavar="DIR", help="write the same pages as static HTML into DIR (interactive plots, "
+                    "sortable tables; no network at view time) and nothing else")
     sr.add_argument("--verdict", metavar="GRID", help="print the verdicts of GRID's newest series on each host "
                     "(its comparisons given verdicts, fidelity gates included) and write nothing")
 
