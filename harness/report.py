@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 import numpy as np
 
-from harness import analysis, stats, summary, views
+from harness import analysis, stats, summary, targets, views
 from harness.analysis import Newest, by_host, by_key
 from harness.artifact import RunArtifact
 from harness.errors import UserError
@@ -32,84 +32,24 @@ from harness.store import Store, gc_paused, load_path
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
 
-def _paired_against(t: dict, vals: dict[str, dict[tuple[str, int], float]], ref: dict[tuple[str, int], float],
-                    labels: tuple[str, str, str]):
-    """Per target arm and cell: its values paired by pass against the reference's, the comparison (a family of the
-    target's arms), the paired keys, the status against the target (labels: met, not met, undecided) and the
-    interval text. The family is the target's arms that this series measured (a series may run fewer of them)."""
-    family = max(1, sum(1 for arm in t.arms if vals.get(arm)))
-    for arm in t.arms:
-        for cell in sorted({c for c, _ in vals.get(arm, {})}):
-            keys = sorted(k for k in set(vals[arm]) & set(ref) if k[0] == cell)
-            if not keys:
-                continue
-            c = stats.compare([vals[arm][k] for k in keys], [ref[k] for k in keys], family, power=False)
-            if c.ci_low is None or c.ci_high is None:
-                status, ci = "undecided (too few passes for an interval)", ""
-            else:
-                status = labels[0] if c.ci_low >= t.at_least else labels[1] if c.ci_high < t.at_least \
-                    else labels[2]
-                ci = f" [{c.ci_low:.2f}, {c.ci_high:.2f}] ({stats.level_text(c.level)})"
-            yield arm, keys, c, status, ci
+BOUND_WORDS = {"forward": "its forward", "linear_kernel": "its linear layers' kernel"}
 
 
-def targets_block(targets: tuple[views.Target, ...], arts: list) -> list[str]:
+def targets_block(declared: tuple[views.Target, ...], arts: list) -> list[str]:
     """Generated lines: each target's arm / reference ratio (paired Hodges-Lehmann with its interval) and whether
-    the target is met (the whole interval at or above it), not met (the whole interval below) or undecided."""
+    the target is met (the whole interval at or above it), not met (the whole interval below) or undecided; then
+    the bounds (harness/targets.py)."""
     out = []
-    for t in targets:
-        vals: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
-        for a in arts:
-            if a.status == "ok" and t.metric in a.metrics:
-                vals[a.grid.arm][(a.grid.cell, a.grid.pass_index)] = stats.run_value(a.metrics[t.metric].samples)
-        ref = vals.get(t.against, {})
-        for arm, _, c, status, ci in _paired_against(
-                t, vals, ref, ("met", "not met", "undecided (the interval holds the target)")):
-            out.append(f"{arm} / {t.against} {t.metric}: {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired, "
-                       f"against the target of at least {t.at_least:g}x ({t.issue}): {status}.")
-        out += _forward_bounds(t, arts, ref)
-    return out
-
-
-def _step_ms(a, source: str) -> float | None:
-    """A run's mean ms per decode step of `source`: "forward" (the part) or "linear_kernel" (inside the forward)."""
-    att = getattr(a, "attribution", None)
-    if att is None:
-        return None
-    part = att.parts.get("forward") if source == "forward" else (getattr(att, "inside_forward", None) or {}).get(source)
-    return part.mean_ms if part is not None and part.mean_ms else None
-
-
-BOUNDS = (("forward", "its forward",
-           ("the target is within reach of removing the time outside the forward",
-            "below the target even with no time outside the forward: what is left is inside the forward",
-            "undecided (the interval holds the target)")),
-          ("linear_kernel", "its linear layers' kernel",
-           ("the target is within reach of the kernel alone",
-            "below the target even with nothing but the kernel: the kernel itself is too slow",
-            "undecided (the interval holds the target)")))
-
-
-def _forward_bounds(t: dict, arts: list, ref: dict[tuple[str, int], float]) -> list[str]:
-    """For the target's arms that timed their steps: the decode rate each run would reach with nothing but its
-    forward left (1000 / the run's mean forward ms per step: every part outside the forward removed), and, where
-    the run timed its linear kernel inside the forward, with nothing but that kernel left (every other op of the
-    forward removed too), each paired by pass against the reference's decode rate. Upper bounds of what removing
-    per-step overhead (or everything but the kernel) can give: when even an interval lies below the target, what
-    is left is in what remains."""
-    if t.metric != "decode_tok_s":
-        return []
-    out = []
-    for source, what, labels in BOUNDS:
-        rate: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
-        for a in arts:
-            ms = _step_ms(a, source) if a.status == "ok" and a.grid.arm in t.arms else None
-            if ms:
-                rate[a.grid.arm][(a.grid.cell, a.grid.pass_index)] = 1000.0 / ms
-        for arm, keys, c, status, ci in _paired_against(t, rate, ref, labels):
-            ms = stats.summarize([1000.0 / rate[arm][k] for k in keys]).median
-            out.append(f"{arm} with nothing but {what} ({ms:.1f} ms a step) / {t.against} {t.metric}: "
-                       f"at most {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired: {status}.")
+    for r in targets.check(declared, arts):
+        c, t = r.comparison, r.target
+        ci = "" if c.ci_low is None or c.ci_high is None else \
+            f" [{c.ci_low:.2f}, {c.ci_high:.2f}] ({stats.level_text(c.level)})"
+        if r.bound is None:
+            out.append(f"{r.arm} / {t.against} {t.metric}: {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired, "
+                       f"against the target of at least {t.at_least:g}x ({t.issue}): {r.status}.")
+        else:
+            out.append(f"{r.arm} with nothing but {BOUND_WORDS[r.bound]} ({r.step_ms:.1f} ms a step) / {t.against} "
+                       f"{t.metric}: at most {c.ratio:.2f}x{ci}, {c.n_pairs} passes paired: {r.status}.")
     return out
 
 
