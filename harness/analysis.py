@@ -222,6 +222,11 @@ class Row:
         self.summary = stats.summarize(self.values)
 
     @property
+    def median_ci(self) -> tuple[float, float]:
+        """The median's exact 95% order-statistic interval over passes (the range where n < 6)."""
+        return stats.median_ci(np.asarray(self.values, dtype=float))
+
+    @property
     def verdict(self) -> str:
         c = self.comparison
         if c is None or self.role != "family":
@@ -244,6 +249,81 @@ class SeriesAnalysis:
     primary: dict | None
     duplicates: int
     warnings: list[str]
+
+    @property
+    def level(self) -> float:
+        """The level of each interval of the family (Bonferroni)."""
+        return 1 - ALPHA / max(1, self.family_size)
+
+
+ALPHA = stats.ALPHA
+
+
+def unreachable(an: SeriesAnalysis) -> tuple[int, float, int] | None:
+    """(the fewest passes of a family comparison, the family's level, the passes a verdict needs) where those
+    passes can never give a verdict at that level; None where they can (or there is no family)."""
+    n_min = min((r.comparison.n_pairs for r in an.rows if r.comparison and r.role == "family"), default=0)
+    if an.family_size and not stats.reachable(n_min, an.family_size):
+        return n_min, an.level, stats.passes_needed(an.family_size)
+    return None
+
+
+@dataclass(frozen=True)
+class AARow:
+    """A/A calibration of one metric: comparisons, flagged after the family correction and raw p < 0.05, each
+    with its exact (Clopper-Pearson) 95% interval, and the median effect detectable with 80% power."""
+    metric: str
+    n: int
+    flagged: int
+    flagged_ci: tuple[float, float]
+    raw: int
+    raw_ci: tuple[float, float]
+    detectable: float | None
+
+
+def aa_calibration(an: SeriesAnalysis) -> list[AARow]:
+    """A/A (identical arms): every verdict is a false positive."""
+    out = []
+    for metric in an.metrics:
+        rows = [r for r in an.rows if r.metric == metric and r.comparison is not None and r.role == "family"]
+        if not rows:
+            continue
+        n = len(rows)
+        flagged = sum(1 for r in rows if r.verdict in ("better", "worse"))
+        raw = sum(1 for r in rows if r.comparison.p_value < stats.ALPHA)  # type: ignore[union-attr]
+        det = sorted(r.comparison.detectable for r in rows if r.comparison.detectable is not None)  # type: ignore[union-attr]
+        out.append(AARow(metric=metric, n=n, flagged=flagged, flagged_ci=stats.clopper_pearson(flagged, n), raw=raw,
+                         raw_ci=stats.clopper_pearson(raw, n), detectable=det[len(det) // 2] if det else None))
+    return out
+
+
+@dataclass(frozen=True)
+class AcrossRow:
+    """One comparison several hosts measured: each host's paired ratio, their median, the exact two-sided sign
+    test across hosts (is the direction consistent from machine to machine?) and the spread (max / min)."""
+    cell: str
+    arm: str
+    metric: str
+    ratios: dict[str, float]
+    median: float
+    above: int
+    below: int
+    sign_p: float
+    spread: float
+
+
+def across_hosts(per: dict[tuple[str, str, str], dict[str, float]]) -> list[AcrossRow]:
+    """per: (cell, arm, metric) -> host -> that host's paired ratio; rows for those of two hosts or more."""
+    out = []
+    for (cell, arm, metric), ratios in sorted(per.items()):
+        if len(ratios) < 2:
+            continue
+        vals = list(ratios.values())
+        above, below = sum(v > 1 for v in vals), sum(v < 1 for v in vals)
+        out.append(AcrossRow(cell=cell, arm=arm, metric=metric, ratios=dict(ratios),
+                             median=stats.quantile(sorted(vals), 0.5), above=above, below=below,
+                             sign_p=stats.sign_test_p(above, below), spread=max(vals) / min(vals)))
+    return out
 
 
 def analyse(arts: list, gates: dict[tuple, Any] | None = None, power: bool = True) -> SeriesAnalysis:
@@ -399,3 +479,114 @@ def _disjoint(intervals: list) -> bool:
     """Whether some two of the intervals do not overlap (missing intervals are skipped)."""
     iv = [i for i in intervals if i is not None]
     return len(iv) >= 2 and max(lo for lo, _ in iv) > min(hi for _, hi in iv)
+
+
+# --- the machine's ceiling and a build's speed (the report words them) ------------------------------------
+
+@dataclass(frozen=True)
+class CeilingRow:
+    """One (grid, cell, arm) of a host's newest series against the host's ceiling at the run's threads: decode as
+    weight bytes per second and its share of the read bandwidth, prefill as FLOP/s and its share of the matmul
+    peak of its compute type (None for quantized builds: integer kernels, no peak measured), the forward alone
+    where the runs timed their steps."""
+    grid: str
+    cell: str
+    arm: str
+    engine: str
+    form: str
+    threads: int
+    weight_bytes: int
+    decode: float
+    gbs: float
+    bw_share: float
+    prefill: float
+    gflops: float
+    peak_kind: str
+    peak: float | None
+    flop_share: float | None
+    forward_gbs: float | None
+    forward_share: float | None
+    n: int
+
+
+def _median_of_runs(arts: list, metric: str) -> float:
+    return stats.summarize([stats.summarize(a.metrics[metric].samples).median for a in arts]).median
+
+
+def ceiling_rows(best: dict[int, dict[str, float]], newest: dict[str, list], ceiling_grids: tuple[str, ...]) -> list[CeilingRow]:
+    """best: the host's calibration, best per thread count (ceiling.best_by_threads); newest: grid -> the host's
+    newest series of it."""
+    from harness.models import MATMUL_PARAMETERS
+    rows = []
+    for name in ceiling_grids:
+        if name not in newest:
+            continue
+        groups: dict[tuple, list] = defaultdict(list)
+        for a in newest[name]:
+            if a.status == "ok" and "decode_tok_s" in a.metrics and a.model.files:
+                groups[(a.grid.cell, a.grid.arm)].append(a)
+        for (cell, arm), arts in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+            a0 = arts[0]
+            t = a0.execution.threads
+            if t not in best:
+                continue
+            wbytes = a0.model.weight_bytes()
+            if wbytes is None:  # a format without a weight-file rule: no figure
+                continue
+            dec, pre = _median_of_runs(arts, "decode_tok_s"), _median_of_runs(arts, "prefill_tok_s")
+            gbs = wbytes * dec / 1e9
+            # bf16 weights are computed in bf16 only where the host's bf16 matmul outruns its fp32 one; else the
+            # engines widen them to fp32 (llama.cpp on AVX2), and fp32 is the peak they can reach
+            bf16 = ("bf16" in a0.model.dtype or "bfloat16" in a0.model.dtype) and \
+                best[t]["matmul_gflop_s_bf16"] > best[t]["matmul_gflop_s_fp32"]
+            quant = a0.model.dtype.lower().startswith("q")
+            peak = best[t]["matmul_gflop_s_bf16" if bf16 else "matmul_gflop_s_fp32"]
+            gflops = 2 * MATMUL_PARAMETERS.get(a0.model.name, a0.model.parameters) * pre / 1e9
+            # the forward alone, where the runs timed their steps (grids/step-attribution.yaml): is it bandwidth-bound?
+            fwd = [a.attribution.parts["forward"].mean_ms for a in arts
+                   if a.attribution is not None and "forward" in a.attribution.parts]
+            fwd_gbs = wbytes / (stats.summarize(fwd).median / 1e3) / 1e9 if fwd else None
+            bw = best[t]["read_bandwidth_gb_s"]
+            rows.append(CeilingRow(grid=name, cell=cell, arm=arm, engine=a0.engine.name, form=a0.model.form, threads=t,
+                                   weight_bytes=wbytes, decode=dec, gbs=gbs, bw_share=gbs / bw, prefill=pre,
+                                   gflops=gflops, peak_kind="bf16" if bf16 else "fp32", peak=None if quant else peak,
+                                   flop_share=None if quant else gflops / peak, forward_gbs=fwd_gbs,
+                                   forward_share=None if fwd_gbs is None else fwd_gbs / bw, n=len(arts)))
+    return rows
+
+
+@dataclass(frozen=True)
+class Speed:
+    grid: str
+    cell: str
+    decode: float | None
+    prefill: float | None
+
+
+def speed_of(newest: Newest, host: str, engine: str, form: str, threads: int,
+             ceiling_grids: tuple[str, ...]) -> Speed | None:
+    """A build's measured speed on one host, from that host's newest series of the speed grids: the first of
+    the ceiling grids that ran this engine, model form and thread count (then any other grid), its cell with the
+    shortest prompt; medians of the runs' medians. Another host's speed is never shown beside this host's
+    fidelity."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for (name, key), arts in newest.items():
+        if key != host:
+            continue
+        for a in arts:
+            if (a.status == "ok" and a.engine.name == engine and a.model.form == form and a.execution.threads == threads
+                    and "decode_tok_s" in a.metrics):
+                groups[(name, a.grid.cell)].append(a)
+    if not groups:
+        return None
+
+    def rank(kv: tuple) -> tuple:
+        (name, cell), arts = kv
+        grid_rank = ceiling_grids.index(name) if name in ceiling_grids else len(ceiling_grids)
+        return grid_rank, arts[0].workload.prompt_len, -len(arts), name, cell
+    (grid_name, cell), arts = min(groups.items(), key=rank)
+
+    def med(metric: str) -> float | None:
+        mine = [a for a in arts if metric in a.metrics]
+        return _median_of_runs(mine, metric) if mine else None
+    return Speed(grid=grid_name, cell=cell, decode=med("decode_tok_s"), prefill=med("prefill_tok_s"))

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import numpy as np
 
 from harness import analysis, stats, summary, targets, views
 from harness.analysis import Newest, by_host, by_key
@@ -81,7 +80,7 @@ def _row_dict(r: analysis.Row) -> dict:
     d: dict[str, Any] = {
         "cell": r.cell, "arm": r.arm, "unit": r.unit, "median": _fmt(s.median), "iqr": _fmt(s.iqr),
         "median_value": s.median, "q1_value": s.q1, "q3_value": s.q3,
-        "median_ci": stats.median_ci(np.asarray(r.values, dtype=float)), "threads": r.threads,
+        "median_ci": r.median_ci, "threads": r.threads,
         "cell_short": r.cell_short, "range": f"{_fmt(s.lo)}-{_fmt(s.hi)}",
         "n": f"{s.n} runs / {r.n_samples} samples" + (f" (+{r.duplicates} duplicate)" if r.duplicates else ""),
         "failed": r.failed, "hib": r.higher_is_better, "verdict": r.verdict, "role": r.role,
@@ -117,11 +116,12 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
                        "definitions": _definitions(ok, metric),
                        "rows": rows})
     warnings = list(an.warnings)
-    n_min = min((r.comparison.n_pairs for r in an.rows if r.comparison and r.role == "family"), default=0)
-    if an.family_size and not stats.reachable(n_min, an.family_size):
+    short = analysis.unreachable(an)
+    if short is not None:
+        n_min, level, needed = short
         warnings.append(f"{n_min} passes can never give a verdict in a family of {an.family_size} comparisons "
-                        f"(each interval at {stats.level_text(1 - stats.ALPHA / an.family_size)}); run at least "
-                        f"{stats.passes_needed(an.family_size)} passes, or declare the grid's primary comparisons")
+                        f"(each interval at {stats.level_text(level)}); run at least "
+                        f"{needed} passes, or declare the grid's primary comparisons")
     gated = sorted({(r.arm, r.fidelity) for r in an.rows if r.role == "family"
                     and r.fidelity not in ("pass", "n/a", "synthetic weights")})
     for arm, g in gated:
@@ -228,30 +228,17 @@ def _family_text(an: analysis.SeriesAnalysis) -> str:
              if an.primary else "every comparison of this series")
     n_expl = sum(1 for r in an.rows if r.role == "exploratory")
     return (f"{an.family_size} comparison(s) given verdicts, {scope}; each interval at "
-            f"{stats.level_text(1 - stats.ALPHA / an.family_size)} (Bonferroni: 1 - {stats.ALPHA}/{an.family_size})"
+            f"{stats.level_text(an.level)} (Bonferroni: 1 - {analysis.ALPHA}/{an.family_size})"
             + (f"; {n_expl} exploratory estimate(s) with a plain 95% interval and no verdict" if n_expl else ""))
 
 
 def aa_calibration(an: analysis.SeriesAnalysis) -> list[dict]:
-    """A/A (identical arms): every verdict is a false positive. Per metric: comparisons, flagged after the
-    family correction, raw p < 0.05, each with an exact (Clopper-Pearson) 95% interval of the rate, and the
-    effect detectable with 80% power."""
-    out = []
-    for metric in an.metrics:
-        rows = [r for r in an.rows if r.metric == metric and r.comparison is not None and r.role == "family"]
-        if not rows:
-            continue
-        n = len(rows)
-        flagged = sum(1 for r in rows if r.verdict in ("better", "worse"))
-        raw = sum(1 for r in rows if r.comparison.p_value < stats.ALPHA)  # type: ignore[union-attr]
-
-        def ci(k: int) -> str:
-            lo, hi = stats.clopper_pearson(k, n)
-            return f"{k}/{n} [{lo * 100:.0f}%, {hi * 100:.0f}%]"
-        det = sorted(r.comparison.detectable for r in rows if r.comparison.detectable is not None)  # type: ignore[union-attr]
-        out.append({"metric": metric, "n": n, "flagged": ci(flagged), "raw": ci(raw),
-                    "mde": f"+/-{det[len(det) // 2] * 100:.1f}%" if det else "no verdict reachable"})
-    return out
+    """A/A (identical arms): every verdict is a false positive (analysis.aa_calibration), worded."""
+    def rate(k: int, n: int, ci: tuple[float, float]) -> str:
+        return f"{k}/{n} [{ci[0] * 100:.0f}%, {ci[1] * 100:.0f}%]"
+    return [{"metric": r.metric, "n": r.n, "flagged": rate(r.flagged, r.n, r.flagged_ci), "raw": rate(r.raw, r.n, r.raw_ci),
+             "mde": f"+/-{r.detectable * 100:.1f}%" if r.detectable is not None else "no verdict reachable"}
+            for r in analysis.aa_calibration(an)]
 
 
 @dataclass
@@ -484,49 +471,16 @@ def ceiling_section(calibrations: list, newest: Newest, ceiling_grids: tuple[str
 
 def _ceiling_of_host(cal: Any, newest: dict[str, list[RunArtifact]], ceiling_grids: tuple[str, ...]) -> dict:
     from harness.ceiling import best_by_threads
-    from harness.models import MATMUL_PARAMETERS
     best = best_by_threads(cal)
     cal_rows = [{"threads": t, "bw": f"{b['read_bandwidth_gb_s']:.1f}", "fp32": f"{b['matmul_gflop_s_fp32']:.0f}",
                  "bf16": f"{b['matmul_gflop_s_bf16']:.0f}"} for t, b in sorted(best.items())]
-    rows = []
-    for name in ceiling_grids:
-        if name not in newest:
-            continue
-        groups: dict[tuple, list[RunArtifact]] = defaultdict(list)
-        for a in newest[name]:
-            if a.status == "ok" and "decode_tok_s" in a.metrics and a.model.files:
-                groups[(a.grid.cell, a.grid.arm)].append(a)
-        for (cell, arm), arts in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-            a0 = arts[0]
-            t = a0.execution.threads
-            if t not in best:
-                continue
-            wbytes = a0.model.weight_bytes()
-            if wbytes is None:  # a format without a weight-file rule: no figure
-                continue
-            dec = stats.summarize([stats.summarize(a.metrics["decode_tok_s"].samples).median for a in arts]).median
-            pre = stats.summarize([stats.summarize(a.metrics["prefill_tok_s"].samples).median for a in arts]).median
-            gbs = wbytes * dec / 1e9
-            # bf16 weights are computed in bf16 only where the host's bf16 matmul outruns its fp32 one; else the
-            # engines widen them to fp32 (llama.cpp on AVX2), and fp32 is the peak they can reach
-            bf16 = ("bf16" in a0.model.dtype or "bfloat16" in a0.model.dtype) and \
-                best[t]["matmul_gflop_s_bf16"] > best[t]["matmul_gflop_s_fp32"]
-            quant = a0.model.dtype.lower().startswith("q")
-            peak = best[t]["matmul_gflop_s_bf16" if bf16 else "matmul_gflop_s_fp32"]
-            gflops = 2 * MATMUL_PARAMETERS.get(a0.model.name, a0.model.parameters) * pre / 1e9
-            # the forward alone, where the runs timed their steps (grids/step-attribution.yaml): is it bandwidth-bound?
-            fwd = [a.attribution.parts["forward"].mean_ms for a in arts
-                   if a.attribution is not None and "forward" in a.attribution.parts]
-            fwd_gbs = wbytes / (stats.summarize(fwd).median / 1e3) / 1e9 if fwd else None
-            rows.append({"grid": name, "cell": cell.replace("batch=1,", ""), "arm": arm, "engine": a0.engine.name,
-                         "form": a0.model.form, "threads": t, "mib": f"{wbytes / 2**20:.0f}", "decode": _fmt(dec),
-                         "gbs": f"{gbs:.2f}", "bw_share": f"{100 * gbs / best[t]['read_bandwidth_gb_s']:.0f}%",
-                         "prefill": _fmt(pre), "gflops": f"{gflops:.0f}",
-                         "peak": "-" if quant else f"{'bf16' if bf16 else 'fp32'} {peak:.0f}",
-                         "flop_share": "n/a (integer kernels)" if quant else f"{100 * gflops / peak:.0f}%",
-                         "forward_bw": "-" if fwd_gbs is None else
-                         f"{fwd_gbs:.2f} ({100 * fwd_gbs / best[t]['read_bandwidth_gb_s']:.0f}%)",
-                         "n": len(arts)})
+    rows = [{"grid": r.grid, "cell": r.cell.replace("batch=1,", ""), "arm": r.arm, "engine": r.engine, "form": r.form,
+             "threads": r.threads, "mib": f"{r.weight_bytes / 2**20:.0f}", "decode": _fmt(r.decode),
+             "gbs": f"{r.gbs:.2f}", "bw_share": f"{100 * r.bw_share:.0f}%", "prefill": _fmt(r.prefill),
+             "gflops": f"{r.gflops:.0f}", "peak": "-" if r.peak is None else f"{r.peak_kind} {r.peak:.0f}",
+             "flop_share": "n/a (integer kernels)" if r.flop_share is None else f"{100 * r.flop_share:.0f}%",
+             "forward_bw": "-" if r.forward_gbs is None else f"{r.forward_gbs:.2f} ({100 * r.forward_share:.0f}%)",
+             "n": r.n} for r in analysis.ceiling_rows(best, newest, ceiling_grids)]
     return {"calibration": cal_rows, "rows": rows, "id": cal.id[:12], "measured_by": cal.grid.path,
             "definitions": cal.method["definitions"], "date": cal.timing.start[:10], "host_key": cal.host.key,
             "dirty": cal.harness.dirty, "host": describe(cal.host.model_dump()), "missing": ""}
@@ -556,30 +510,12 @@ def _definitions_note(tables: list[dict]) -> str:
 
 def _speed_of(newest: Newest, host: str, engine: str, form: str, threads: int,
               ceiling_grids: tuple[str, ...]) -> dict[str, str]:
-    """A build's measured speed on one host, from that host's newest series of the speed grids: the first of
-    the ceiling grids that ran this engine, model form and thread count (then any other grid), its cell with the
-    shortest prompt. Another host's speed is never shown beside this host's fidelity."""
-    groups: dict[tuple, list[RunArtifact]] = defaultdict(list)
-    for (name, key), arts in newest.items():
-        if key != host:
-            continue
-        for a in arts:
-            if (a.status == "ok" and a.engine.name == engine and a.model.form == form and a.execution.threads == threads
-                    and "decode_tok_s" in a.metrics):
-                groups[(name, a.grid.cell)].append(a)
-    if not groups:
+    """A build's measured speed on one host (analysis.speed_of), worded."""
+    sp = analysis.speed_of(newest, host, engine, form, threads, ceiling_grids)
+    if sp is None:
         return {"decode": "not measured", "prefill": "not measured", "where": ""}
-
-    def rank(kv: tuple) -> tuple:
-        (name, cell), arts = kv
-        grid_rank = ceiling_grids.index(name) if name in ceiling_grids else len(ceiling_grids)
-        return grid_rank, arts[0].workload.prompt_len, -len(arts), name, cell
-    (grid_name, cell), arts = min(groups.items(), key=rank)
-    out = {"where": f"{grid_name}, {cell.replace('batch=1,', '')}"}
-    for key, metric in (("decode", "decode_tok_s"), ("prefill", "prefill_tok_s")):
-        vals = [stats.summarize(a.metrics[metric].samples).median for a in arts if metric in a.metrics]
-        out[key] = _fmt(stats.summarize(vals).median) if vals else "not measured"
-    return out
+    return {"where": f"{sp.grid}, {sp.cell.replace('batch=1,', '')}",
+            **{k: "not measured" if v is None else _fmt(v) for k, v in (("decode", sp.decode), ("prefill", sp.prefill))}}
 
 
 def fidelity_section(name: str, all_arts: list, newest: Newest, ceiling_grids: tuple[str, ...] = ()) -> dict:
@@ -1022,16 +958,13 @@ def _steps(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | No
 
 def across_hosts(sections: list[dict]) -> list[dict]:
     """Comparisons that several machines measured with the same grid file (each machine's newest series, as
-    in its own section): the per-host ratios side by side, their median, an exact sign test across hosts
-    (is the direction consistent from machine to machine?) and the between-host spread (max / min ratio).
-    Hosts are blocks here: no runs are pooled across machines."""
+    in its own section), worded from analysis.across_hosts: the per-host ratios side by side, their median, the
+    exact sign test across hosts and the spread. Hosts are blocks here: no runs are pooled across machines."""
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for s in sections:
         groups[(s["name"], s["grid_sha"])].append(s)
     out = []
     for (name, sha), secs in sorted(groups.items()):
-        if len({s["host_key"] for s in secs}) < 2:
-            continue
         per: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
         for s in secs:
             for t in s["tables"]:
@@ -1039,17 +972,10 @@ def across_hosts(sections: list[dict]) -> list[dict]:
                     if r.get("ratio_value") is not None:
                         per[(r["cell"], r["arm"], t["metric"])][s["host_key"]] = r["ratio_value"]
         hosts = sorted({s["host_key"] for s in secs})
-        rows = []
-        for (cell, arm, metric), ratios in sorted(per.items()):
-            if len(ratios) < 2:
-                continue
-            vals = list(ratios.values())
-            above, below = sum(v > 1 for v in vals), sum(v < 1 for v in vals)
-            rows.append({"cell": cell.replace("batch=1,", ""), "arm": arm, "metric": metric,
-                         "ratios": [f"{ratios[h]:.3f}" if h in ratios else "" for h in hosts],
-                         "median": f"{stats.quantile(sorted(vals), 0.5):.3f}",
-                         "sign": f"{above} above 1, {below} below; p = {stats.sign_test_p(above, below):.3g}",
-                         "spread": f"{max(vals) / min(vals):.3f}"})
+        rows = [{"cell": r.cell.replace("batch=1,", ""), "arm": r.arm, "metric": r.metric,
+                 "ratios": [f"{r.ratios[h]:.3f}" if h in r.ratios else "" for h in hosts],
+                 "median": f"{r.median:.3f}", "sign": f"{r.above} above 1, {r.below} below; p = {r.sign_p:.3g}",
+                 "spread": f"{r.spread:.3f}"} for r in analysis.across_hosts(per)] if len(hosts) > 1 else []
         if rows:
             out.append({"grid": name, "sha": sha, "hosts": hosts, "rows": rows})
     return out

@@ -149,3 +149,15 @@ def test_verdict_prints_the_pages_verdicts_and_writes_nothing(tmp_path, monkeypa
     assert sorted(p.name for p in d.iterdir()) == before
     rc, _, err = cli("report", "--store", "store", "--verdict", "nope")
     assert rc == 2 and "--verdict: no series of this grid" in err
+
+
+def test_report_code_computes_no_statistics():
+    """harness/report.py words what the analysis modules computed (analysis, summary, targets, stats' verdicts):
+    of harness/stats.py it reads only the level's wording and the Comparison type; no numpy, scipy or statistics."""
+    tree = ast.parse((PROJECT_ROOT / "harness" / "report.py").read_text())
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id == "stats"}
+    assert used <= {"level_text", "Comparison"}, used
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not imported & {"numpy", "scipy", "statistics"}, imported
