@@ -144,3 +144,30 @@ def test_forward_bound_says_whether_overhead_outside_the_forward_can_reach_a_tar
     # untimed arms give no bound
     assert not any("nothing but" in ln for ln in report.targets_block(_runtime_decode_targets(), ref + [
         art("vllm-fp32", p, 8.0) for p in range(7)]))
+
+
+def _analysis_rows() -> list[dict]:
+    """The golden store's series through the analysis layer (harness/analysis.py), as plain rows: the figures a
+    page words, at 9 significant digits (the last bits of a log or exp may differ between CPUs)."""
+    from harness import analysis
+    c = report.collect(["store"])
+    out = []
+    for name, arts in sorted(c.runs.items()):
+        an = analysis.analyse(analysis.newest_series(arts), power=False)
+        for r in an.rows:
+            cmp_ = r.comparison
+            out.append({"grid": name, "cell": r.cell, "arm": r.arm, "metric": r.metric, "role": r.role,
+                        "median": float(f"{r.summary.median:.9g}"), "n": r.summary.n,
+                        "median_ci": [float(f"{x:.9g}") for x in r.median_ci],
+                        "ratio": None if cmp_ is None else float(f"{cmp_.ratio:.9g}"),
+                        "interval": None if cmp_ is None or not cmp_.has_interval else
+                        [float(f"{cmp_.ci_low:.9g}"), float(f"{cmp_.ci_high:.9g}")],
+                        "p": None if cmp_ is None else float(f"{cmp_.p_value:.9g}"), "verdict": r.verdict})
+    return out
+
+
+def test_golden_analysis_rows(monkeypatch):
+    """The analysis layer's own golden file (tests/golden/analysis.json): the page's figures before wording."""
+    import json
+    monkeypatch.chdir(GOLDEN)
+    assert _analysis_rows() == json.loads((GOLDEN / "analysis.json").read_text())
