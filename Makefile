@@ -52,15 +52,17 @@ models: venv llama.cpp
 	@$(HARNESS) models prepare
 	@mkdir -p .models && ln -sfn "$$($(HARNESS) models path smollm2-135m gguf-q4_1)" .models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-# The demo runs the quickstart grid for real on this machine, into its own store (.demo/, not the
-# published artifacts/), checks the fidelity of its two builds there (a build below threshold is reported,
-# and its verdict withheld, not a stop), renders that run's report, regenerates the published report from
-# artifacts/ and baselines/, checks the provenance of both stores, and ends with the primary comparison's verdict.
+# The demo runs the quickstart grid for real on this machine, into its own store (.demo/, not the published
+# artifacts/; a demo of an older grid file there starts a new series), checks the fidelity of its two builds
+# there (a build below threshold is reported and its verdict withheld, not a stop), renders that run's report,
+# regenerates the published report from artifacts/ and baselines/, checks the provenance of both stores, and
+# ends with the primary comparison's verdict.
 demo: setup
 	$(HARNESS) probe > /dev/null
 	$(HARNESS) plan grids/quickstart.yaml
-	$(HARNESS) run grids/quickstart.yaml --store .demo/artifacts
+	$(HARNESS) run grids/quickstart.yaml --store .demo/artifacts --new-series
 	-$(HARNESS) fidelity grids/quickstart-fidelity.yaml --store .demo/artifacts --references .demo/baselines/quality
+	@mkdir -p .demo/baselines
 	$(HARNESS) report --store .demo/artifacts --store .demo/baselines --out .demo/results.md
 	$(HARNESS) report --out reports/results.md --readme README.md --readme docs/methodology.md --readme docs/runtime.md --readme docs/hardware.md
 	$(HARNESS) check .demo/artifacts .demo/baselines artifacts baselines

@@ -189,6 +189,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "harness_commits": sorted({a.harness.commit[:12] for a in arts}),
         "dirty": any(a.harness.dirty for a in arts),
         "dates": f"{min(a.timing.start for a in arts)[:10]} to {max(a.timing.end for a in arts)[:10]}",
+        "span": _span(arts),
         "store_dirs": sorted({(where or {}).get(a.id, "") for a in arts}),
     }
 
@@ -550,7 +551,20 @@ def fidelity_section(name: str, all_arts: list, newest: Newest, ceiling_grids: t
             "references": sorted({f"{a.reference['engine']} {a.reference['form']}" for a in by_build.values()}),
             "n_older": len(all_arts) - len(arts), "fingerprint": fingerprint, "threads": latest.execution.threads,
             "host": describe(latest.host.model_dump()), "host_key": latest.host.key,
-            "dirty": any(a.harness.dirty for a in arts), "harness_commits": sorted({a.harness.commit[:12] for a in arts})}
+            "dirty": any(a.harness.dirty for a in arts), "harness_commits": sorted({a.harness.commit[:12] for a in arts}),
+            "span": _span(list(by_build.values()))}
+
+
+def _span(arts: list) -> str:
+    """The wall time from a series' first start to its last end, as the artifacts recorded them ("": unreadable)."""
+    import datetime as dt
+    try:
+        first = min(dt.datetime.fromisoformat(a.timing.start.replace("Z", "+00:00")) for a in arts)
+        last = max(dt.datetime.fromisoformat(a.timing.end.replace("Z", "+00:00")) for a in arts)
+    except (TypeError, ValueError, AttributeError):
+        return ""
+    secs = (last - first).total_seconds()
+    return f"{secs:.0f} s" if secs < 600 else f"{secs / 60:.0f} min"
 
 
 def _emulated_arms(arts: list[RunArtifact]) -> list[dict]:
@@ -1164,7 +1178,7 @@ def render_block(name: str, ctx: dict) -> str:
     return _env().get_template(template).render(
         sections=[{**sec, "pivots": pivot(sec, metrics), "pairs": definition_pairs(sec),
                    "warnings_brief": _brief(sec["warnings"])} for sec in secs],
-        fidelity=ctx["fidelity"], class_hosts=class_hosts, block_grids=grids, summary=ctx["summary"],
+        fidelity=ctx["fidelity"], class_hosts=class_hosts, block_grids=grids, summary=ctx["summary"], grids=ctx["grids"],
         summary_intro=ctx["summary_intro"],
         ceilings=ctx["ceilings"], hosts=ctx["hosts"], begin=begin, end=end).rstrip("\n")
 

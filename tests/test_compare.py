@@ -57,7 +57,8 @@ def test_too_few_runs_or_a_bad_value_give_no_verdict():
 
 
 def test_two_hosts_of_the_quickstart_unpaired(cli):
-    rc, out, err = cli("compare", "quickstart@f407ce910eeb", "quickstart@3891360811dc", "--store", STORE, "--json")
+    # the same grid version on both hosts (series 2; host 3891360811dc's newest is series 3)
+    rc, out, err = cli("compare", "quickstart@f407ce910eeb", "quickstart@3891360811dc#631d", "--store", STORE, "--json")
     assert rc == 0, err
     doc = json.loads(out)
     rows = doc["comparisons"]
@@ -66,6 +67,9 @@ def test_two_hosts_of_the_quickstart_unpaired(cli):
     assert all(r["level"] == pytest.approx(1 - 0.05 / len(rows)) for r in rows)
     # two passes a side: the ratio, no interval, and the verdict says how many passes would give one
     assert all(r["ci_low"] is None and "run at least" in r["verdict"] for r in rows)
+    # the newest series timed llama.cpp by the request loop, series 2 by llama-bench: refused, both named
+    rc, _, err = cli("compare", "quickstart@f407ce910eeb", "quickstart@3891360811dc", "--store", STORE)
+    assert rc == 2 and "definitions differ" in err and "llama-bench" in err and "per request" in err
 
 
 def test_two_arms_of_one_series_paired_and_mismatched_definitions_refused(cli):
@@ -75,9 +79,17 @@ def test_two_arms_of_one_series_paired_and_mismatched_definitions_refused(cli):
     rows = json.loads(out)["comparisons"]
     assert rows and all(r["method"].startswith("paired by pass") and r["ci_low"] is not None for r in rows)
     assert all(r["verdict"] in ("better", "worse") or r["verdict"].startswith("no difference") for r in rows)
-    # the published quickstart's llama.cpp arm ran llama-bench's definitions: not one measurement with vLLM's
-    rc, _, err = cli("compare", "quickstart@3891360811dc/llama.cpp", "quickstart@3891360811dc/vllm", "--store", STORE)
+    # quickstart series 2's llama.cpp arm ran llama-bench's definitions: not one measurement with vLLM's
+    rc, _, err = cli("compare", "quickstart@3891360811dc#631d/llama.cpp", "quickstart@3891360811dc#631d/vllm",
+                     "--store", STORE)
     assert rc == 2 and "definitions differ" in err and "llama-bench" in err and len(err.strip().splitlines()) == 1
+    # series 3 (6 passes, one definition per metric): the demo's comparison, paired, with its interval
+    rc, out, err = cli("compare", "quickstart@3891360811dc/llama.cpp", "quickstart@3891360811dc/vllm", "--store", STORE,
+                       "--metric", "decode_tok_s", "--json")
+    assert rc == 0, err
+    (row,) = json.loads(out)["comparisons"]
+    assert row["method"].startswith("paired by pass") and row["ci_low"] < row["ratio"] < row["ci_high"] < 1
+    assert row["verdict"] == "worse"
     runs = _runs(STORE)
     for spec, want in (("quickstart", "2 hosts measured it"), ("no-such", "no runs of grid"),
                        ("quickstart@3891360811dc#ffff", "match #ffff"), ("bad spec!", "not a series"),
