@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -148,6 +149,17 @@ def figures(sections: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _finite(x: Any) -> Any:
+    """x with every float that is not finite (a NaN from a broken run) as None: plotly leaves a gap."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
 _IMG = re.compile(r'<img src="([^"]+\.png)" alt="[^"]*"\s*/?>')
 _LINK = re.compile(r'href="([A-Za-z0-9][A-Za-z0-9_-]*)\.md"')
 
@@ -167,7 +179,7 @@ def page_html(title: str, markdown: str, figs: dict[str, dict]) -> str:
         if fig is None:
             return m.group(0)
         n += 1
-        data = json.dumps(fig, sort_keys=True, allow_nan=False).replace("</", "<\\/")
+        data = json.dumps(_finite(fig), sort_keys=True, allow_nan=False).replace("</", "<\\/")
         return (f'<div class="plot" id="plot-{n}"></div>'
                 f'<script type="application/json" id="plot-{n}-data">{data}</script>')
     body = _IMG.sub(plot, body)

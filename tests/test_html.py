@@ -70,3 +70,16 @@ def test_pages_render_in_headless_chromium(rendered, page):
     r = _open(exe, path, f"--screenshot={shot}", "--window-size=1200,1600")
     assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     shot.unlink()
+
+
+def test_a_page_from_hostile_strings_and_broken_figures_stays_inert():
+    """Markup in a store's strings is text, never HTML; a NaN in a figure is a gap, never invalid JSON; a `</script>`
+    inside a figure's data cannot end its script element."""
+    from harness import html
+    fig = {"data": [{"type": "scatter", "x": [1.0, float("nan")], "y": [float("inf"), 2.0], "name": "</script><b>x"}],
+           "layout": {}}
+    page = html.page_html("t", "# t\n\nerror: <script>alert(1)</script>\n\n![p.png](p.png)\n", {"p.png": fig})
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)" in page
+    data = page.split('id="plot-1-data">')[1].split("</script>")[0]
+    import json
+    assert json.loads(data.replace("<\\/", "</"))["data"][0]["x"] == [1.0, None]
