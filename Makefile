@@ -72,7 +72,11 @@ demo: setup
 # Workers, a test module on one (its shared engine runs stay shared; tests/conftest.py groups them), the modules
 # that run real engines first; the workers' engine runs still take turns on the machine's measuring lock.
 TEST_WORKERS ?= 2
+# The ISA-capped llama.cpp builds the hardware-emulation tests run (minutes cold, cached after) are made first:
+# inside a test's run they were built under the measuring lock while the other worker's engine tests waited.
 test: setup
+	@$(HARNESS) build --engine llama.cpp --isa baseline > /dev/null
+	@if grep -qw avx512f /proc/cpuinfo; then $(HARNESS) build --engine llama.cpp --isa avx2 > /dev/null; fi
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 bench: venv
