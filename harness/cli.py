@@ -190,8 +190,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                         "give the index's file name in an existing folder (the grids' pages go beside it)")
     if args.check:
         stale = report.check_pages(args.out, pages)
-        for p in (p for p, t in docs if report.check_file(p, t)):
-            stale.append((p, report.check_file(p, dict(docs)[p])))
+        stale += [(p, diff) for p, diff in ((p, report.check_file(p, t)) for p, t in docs) if diff]
         for path, diff in stale:
             fix = f"harness report --readme {path}" if path in dict(docs) else f"harness report --out {args.out}"
             print(f"{path}: stale: differs from what the store regenerates; run `{fix}`")

@@ -557,10 +557,10 @@ def fidelity_section(name: str, all_arts: list, newest: Newest, ceiling_grids: t
 
 def _span(arts: list) -> str:
     """The wall time from a series' first start to its last end, as the artifacts recorded them ("": unreadable)."""
-    import datetime as dt
+    from harness.check import _instant
     try:
-        first = min(dt.datetime.fromisoformat(a.timing.start.replace("Z", "+00:00")) for a in arts)
-        last = max(dt.datetime.fromisoformat(a.timing.end.replace("Z", "+00:00")) for a in arts)
+        first = min(_instant(a.timing.start) for a in arts)
+        last = max(_instant(a.timing.end) for a in arts)
     except (TypeError, ValueError, AttributeError):
         return ""
     secs = (last - first).total_seconds()

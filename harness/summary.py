@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from harness import analysis, stats
@@ -68,7 +69,7 @@ class Candidate:
     synthetic: bool
     fidelity: str
 
-    @property
+    @cached_property
     def point(self) -> float:
         """The point ratio to the reference (its Hodges-Lehmann estimate), oriented so larger is better."""
         r = 1.0 if self.reference else stats.compare(list(self.values), list(self.ref_values), power=False).ratio
