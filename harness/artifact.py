@@ -151,6 +151,11 @@ class Workload(Frozen):
     warmups: int = Field(ge=0)
     repetitions: int = Field(gt=0)
     prompt_token_hash: str
+    load: dict[str, Any] | None = Field(None, description="a server engine's load as the cell asked it (harness/"
+                                        "serving.py): requests, concurrency and/or rate, arrival, burstiness, seed; "
+                                        "absent for request and command engines")
+    slo: dict[str, float] | None = Field(None, description="the grid's latency bounds of goodput (ttft_s, tpot_s, "
+                                         "e2e_s), where it has them")
 
 
 class Residency(Frozen):
@@ -253,6 +258,10 @@ class RunArtifact(EngineStamped):
     attribution: Attribution | None = Field(None, description="per-part decode step times, where the run timed them "
                                             "(vLLM arm with the step-attribution patch; llama.cpp arm with "
                                             "options.attribution); absent otherwise")
+    serving: dict[str, Any] | None = Field(None, description="a server engine's raw samples: per repetition, each "
+                                           "request's send, chunk arrival times and tokens, usage and error "
+                                           "(warm-up requests flagged); whether the client kept the schedule; the "
+                                           "usage check; the server log's last lines. Absent for other engines")
 
 
 class FidelityGridRef(Frozen):

@@ -48,11 +48,12 @@ def engine_ref(block: dict[str, Any], name: str, overrides: dict | None = None) 
 
 def run(*, status: str, error: str | None, stderr_tail: str | None, grid: GridRef, model: dict | ModelRef,
         engine: EngineRef, host: dict, timing: dict, execution: Execution, workload: Workload, residency: Residency,
-        metrics: dict[str, Any], attribution: dict | None = None, harness: dict | None = None) -> RunArtifact:
+        metrics: dict[str, Any], attribution: dict | None = None, harness: dict | None = None,
+        serving: dict | None = None) -> RunArtifact:
     return stamp(RunArtifact(id=_UNSTAMPED, status=status, error=error, stderr_tail=stderr_tail, grid=grid,
                              model=model, engine=engine, harness=harness or provenance.harness_info(), host=host,
                              timing=Timing(**timing), execution=execution, workload=workload, residency=residency,
-                             metrics=metrics, attribution=attribution))
+                             metrics=metrics, attribution=attribution, serving=serving))
 
 
 def reference(*, grid: FidelityGridRef, model: dict, engine: dict, harness: dict, host: dict, timing: dict,

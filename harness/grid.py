@@ -23,7 +23,8 @@ from harness.engines import engine_class, get_engine
 
 WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
 # replicate: a label only (repeats of one cell, e.g. for A/A calibration); batch: concurrent requests
-AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form", "replicate", "hardware", "model")
+AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form", "replicate", "hardware", "model",
+              "concurrency", "rate")
 # hardware: a class of grids/hardware/ to emulate, or native; model: models of the zoo (the grid's `model` is then
 # the first, and a run's model is its cell's)
 STRING_AXES = ("form", "hardware", "model")
@@ -39,6 +40,13 @@ ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", 
               "hardware"}
 OBSERVE = ("full", "bare")
 NUMERIC_AXES = tuple(a for a in AXIS_NAMES if a not in STRING_AXES)
+# A server engine's load (harness/serving.py, docs/serving.md): workload.load and workload.slo; concurrency and
+# rate are cell parameters (fixed there, or axes), the rest of the load is the grid's
+LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed"}
+LOAD_AXES = ("concurrency", "rate")
+SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")
+MAX_LOAD_REQUESTS = 100_000
+MAX_RATE = 10_000.0
 
 # What a grid file may be, checked before and while it is read (hostile or broken input is refused, never a hang):
 MAX_GRID_BYTES = 1 << 20  # the file itself (the largest committed grid is under 3 KB)
@@ -104,6 +112,20 @@ class GridSpec:
     timeout_s: float
     primary: dict[str, Any] | None = None  # the declared primary comparisons: the family given verdicts
     hosts: str = "spread"  # fleet placement of passes (HOSTS)
+    load: dict[str, Any] | None = None  # a server grid's load, less what cells carry (LOAD_AXES); None: no load
+    slo: dict[str, float] | None = None  # latency bounds of goodput (SLO_FIELDS)
+
+    def load_of(self, params: dict) -> Any:
+        """The load of a cell (harness/serving.py Load)."""
+        from harness.serving import Load
+        d = self.load or {}
+        return Load(requests=d["requests"], concurrency=params.get("concurrency"), rate=params.get("rate"),
+                    arrival=d.get("arrival", "poisson"), burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0))
+
+    @property
+    def load_errors_allowed(self) -> float:
+        """The share of a run's requests that may fail (error, timeout) before the run does."""
+        return float((self.load or {}).get("errors_allowed", 0.0))
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -502,7 +524,10 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
         vals = v if isinstance(v, list) else [v]
         if not vals:
             raise _err(path, f"axes.{k}", "must list at least one value")
-        if k not in STRING_AXES:
+        if k == "rate":
+            for x in vals:
+                _rate(path, "axes.rate", x)
+        elif k not in STRING_AXES:
             for x in vals:
                 _int(path, f"axes.{k}", x)
         elif not all(isinstance(x, str) and x for x in vals):
@@ -516,6 +541,12 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     workload = _opt(doc, "workload", {})
     if not isinstance(workload, dict):
         raise _err(path, "workload", f"must be a mapping, got {_short(workload)}")
+    workload = dict(workload)
+    load, load_cells = _load(path, workload.pop("load", None), axes)
+    slo = _slo(path, workload.pop("slo", None), load)
+    for k in LOAD_AXES:
+        if k in workload:
+            raise _err(path, f"workload.{k}", "is a field of workload.load", f"write workload.load.{k}")
     for k in workload:
         if k not in NUMERIC_AXES:
             where = {"form": "set form on each arm, or as axes.form", "hardware": "set hardware on an arm, or as "
@@ -525,6 +556,7 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     if "threads" in doc:
         fixed.setdefault("threads", _int(path, "threads", doc["threads"]))
     fixed.setdefault("batch", 1)
+    fixed |= load_cells
     for w in WORKLOAD_FIELDS:
         if w not in fixed and w not in axes:
             raise _err(path, f"workload.{w}", "is required and has no default", f"set it; {WHY_NO_DEFAULTS}")
@@ -586,10 +618,107 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     spec = GridSpec(hosts=hosts, path=path, sha256=sha256, name=name, description=description, model=model,
                     arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc), primary=primary,
                     passes=passes, repetitions=repetitions, warmups=warmups,
-                    order=order, seed=seed, baseline=baseline, timeout_s=float(timeout))
+                    order=order, seed=seed, baseline=baseline, timeout_s=float(timeout), load=load, slo=slo)
+    _validate_load(spec)
     _validate_engines(spec, avail)
     _validate_user_forms(spec)
     return spec
+
+
+def _rate(path: str, fld: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= MAX_RATE:
+        raise _err(path, fld, f"must be a number of requests per second in (0, {MAX_RATE:g}], got {_short(v)}")
+    return v
+
+
+def _load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """workload.load: (the grid's load fields, the cell parameters it fixes: concurrency and rate off the axes)."""
+    on_axes = [k for k in LOAD_AXES if k in axes]
+    if raw is None:
+        if on_axes:
+            raise _err(path, f"axes.{on_axes[0]}", "a load axis needs workload.load",
+                       "add workload.load: {requests: N} (docs/serving.md)")
+        return None, {}
+    if not isinstance(raw, dict):
+        raise _err(path, "workload.load", f"must be a mapping, got {_short(raw)}",
+                   "e.g. {concurrency: 2, requests: 16} or {rate: 4, arrival: poisson, requests: 32}")
+    for k in raw:
+        if k not in LOAD_FIELDS:
+            raise _err(path, f"workload.load.{k}", "unknown field", f"allowed: {', '.join(sorted(LOAD_FIELDS))}")
+    if "requests" not in raw:
+        raise _err(path, "workload.load.requests", "is required", "set how many measured requests a repetition sends")
+    out: dict[str, Any] = {"requests": _int(path, "workload.load.requests", raw["requests"])}
+    if out["requests"] > MAX_LOAD_REQUESTS:
+        raise _err(path, "workload.load.requests", f"{out['requests']:,} is more than {MAX_LOAD_REQUESTS:,}")
+    cells: dict[str, Any] = {}
+    if "concurrency" in raw:
+        cells["concurrency"] = _int(path, "workload.load.concurrency", raw["concurrency"])
+    if "rate" in raw:
+        cells["rate"] = _rate(path, "workload.load.rate", raw["rate"])
+    for k in on_axes:
+        if k in cells:
+            raise _err(path, f"workload.load.{k}", f"is also an axis", f"set {k} in one place")
+    if not cells and not on_axes:
+        raise _err(path, "workload.load", "names neither concurrency nor rate",
+                   "add concurrency: N (a closed loop) or rate: R (requests/s, an open loop)")
+    arrival = raw.get("arrival", "poisson")
+    from harness.serving import ARRIVALS
+    if arrival not in ARRIVALS:
+        raise _err(path, "workload.load.arrival", f"unknown arrival {_short(arrival)}", f"allowed: {', '.join(ARRIVALS)}")
+    b = raw.get("burstiness", 1.0)
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or not 0 < b <= 100:
+        raise _err(path, "workload.load.burstiness", f"must be a number in (0, 100], got {_short(b)}")
+    if b != 1.0 and arrival != "gamma":
+        raise _err(path, "workload.load.burstiness", f"applies to arrival: gamma, not {arrival}", "set arrival: gamma")
+    if ("rate" in cells or "rate" in on_axes) is False and ("arrival" in raw or "seed" in raw):
+        raise _err(path, "workload.load.arrival" if "arrival" in raw else "workload.load.seed",
+                   "applies to a rate (an open loop)", "add rate: R, or drop it")
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise _err(path, "workload.load.seed", f"must be an integer, got {_short(seed)}")
+    e = raw.get("errors_allowed", 0.0)
+    if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 <= e < 1:
+        raise _err(path, "workload.load.errors_allowed", f"must be a share in [0, 1), got {_short(e)}")
+    out |= {"arrival": arrival, "burstiness": float(b), "seed": seed, "errors_allowed": float(e)}
+    return out, cells
+
+
+def _slo(path: str, raw: Any, load: dict | None) -> dict[str, float] | None:
+    if raw is None:
+        return None
+    if load is None:
+        raise _err(path, "workload.slo", "applies to a load", "add workload.load (docs/serving.md)")
+    if not isinstance(raw, dict) or not raw:
+        raise _err(path, "workload.slo", f"must be a mapping of bounds, got {_short(raw)}",
+                   f"e.g. {{ttft_s: 1.0, tpot_s: 0.1}} (fields: {', '.join(SLO_FIELDS)})")
+    for k, v in raw.items():
+        if k not in SLO_FIELDS:
+            raise _err(path, f"workload.slo.{k}", "unknown field", f"allowed: {', '.join(SLO_FIELDS)}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise _err(path, f"workload.slo.{k}", f"must be a positive number of seconds, got {_short(v)}")
+    return {k: float(v) for k, v in raw.items()}
+
+
+def _validate_load(spec: GridSpec) -> None:
+    """A load needs server engines and server engines need a load; a server is sent requests, not batches."""
+    serves = {a.name: getattr(engine_class(a.engine), "serves", False) for a in spec.arms}
+    if spec.load is not None:
+        other = [n for n, s in serves.items() if not s]
+        if other:
+            raise _err(spec.path, f"arms[{other[0]}].engine", f"{spec.arm(other[0]).engine} runs no load "
+                       "(workload.load is for server engines)", "use llama-server or openai, or drop workload.load")
+        conc = spec.axes.get("concurrency") or [spec.fixed.get("concurrency", 1)]
+        if max(conc) > spec.load["requests"]:
+            raise _err(spec.path, "workload.load.requests", f"{spec.load['requests']} requests cannot keep "
+                       f"{max(conc)} in flight", f"send at least {max(conc)} requests a repetition")
+        if "batch" in spec.axes or spec.fixed.get("batch", 1) != 1:
+            raise _err(spec.path, "workload.batch", "a server engine takes a load, not a batch",
+                       "drop batch; set workload.load.concurrency")
+    else:
+        srv = [n for n, s in serves.items() if s]
+        if srv:
+            raise _err(spec.path, "workload.load", f"is required: arm {srv[0]!r} runs a server engine",
+                       "add workload.load: {concurrency: N, requests: M} (docs/serving.md)")
 
 
 def _validate_user_forms(spec: GridSpec) -> None:

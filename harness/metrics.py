@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from functools import lru_cache
 
@@ -84,6 +85,93 @@ def from_timestamps(samples: list[dict], prompt_len: int) -> dict[str, dict]:
         out[name] = {"unit": unit, "samples": vals[name], "warmup_samples": warm[name], "definition": definition}
         if not hib:
             out[name]["higher_is_better"] = False
+    return out
+
+
+# ---- serving under load (server engines, harness/serving.py) ---------------------------------------------------
+
+# Over the measured requests of one repetition of a load (warm-up requests apart); each figure is one sample per
+# repetition. A request's clock: `sent` when the client sends it, each output chunk stamped when it arrives.
+_OVER = "over the repetition's measured requests that completed"
+SERVING_STATS = {"p50": "median", "p90": "90th percentile (linear interpolation)",
+                 "p99": "99th percentile (linear interpolation)", "max": "largest"}
+SERVING_BASE: dict[str, tuple[str, str]] = {
+    "ttft": ("s", "time to first token: from sending the request to the arrival of its first output chunk"),
+    "tpot": ("s", "time per output token: (arrival of the last output chunk - of the first) / (output tokens - 1), "
+                  "output tokens as the server counts them (usage), else the client's count"),
+    "itl_all": ("s", "gaps between consecutive output chunks of a request, all requests' gaps pooled"),
+    "e2e": ("s", "end-to-end latency: from sending the request to the arrival of its last output chunk"),
+}
+SERVING_METRICS: dict[str, tuple[str, bool, str]] = {
+    f"{base}_{stat}_s": (unit, False, f"{SERVING_STATS[stat]} {_OVER} of the {text}")
+    for base, (unit, text) in SERVING_BASE.items() for stat in SERVING_STATS}
+SERVING_METRICS |= {
+    "request_throughput_req_s": ("req/s", True, "measured requests that completed / (the last one's end - the first "
+                                                "send); per repetition"),
+    "serve_output_tok_s": ("tok/s", True, "output tokens of the measured requests that completed (the server's "
+                                          "count, else the client's) / (the last one's end - the first send); per "
+                                          "repetition"),
+    "goodput_share": ("share", True, "measured requests that completed within every bound of the grid's slo "
+                                     "(ttft_s: TTFT, tpot_s: TPOT, e2e_s: e2e) / measured requests sent; per "
+                                     "repetition"),
+    "goodput_req_s": ("req/s", True, "measured requests that completed within every bound of the grid's slo / "
+                                     "(the last one's end - the first send); per repetition"),
+}
+SERVING_DEFINITIONS_VERSION = "serving-chunks/1"
+
+
+def request_latencies(r: dict) -> dict[str, float | list[float]]:
+    """One completed request's TTFT, TPOT, chunk gaps and e2e (seconds), from its record (harness/serving.py)."""
+    ch = r["chunks_s"]
+    n = (r.get("usage") or {}).get("completion_tokens") or sum(r["chunk_tokens"])
+    out: dict[str, float | list[float]] = {"ttft": ch[0] - r["sent_s"], "e2e": ch[-1] - r["sent_s"],
+                                           "itl_all": [b - a for a, b in zip(ch, ch[1:])], "tokens": float(n)}
+    if n > 1:
+        out["tpot"] = (ch[-1] - ch[0]) / (n - 1)
+    return out
+
+
+def meets(lat: dict, slo: dict[str, float]) -> bool:
+    return all(lat.get(k[:-2], math.inf) <= v for k, v in slo.items())
+
+
+def serving_figures(recs: list[dict], slo: dict[str, float] | None) -> dict[str, float]:
+    """The serving metrics of one repetition's measured request records."""
+    done = [r for r in recs if not r.get("error")]
+    if not done:
+        return {}
+    lats = [request_latencies(r) for r in done]
+    out: dict[str, float] = {}
+    for base in SERVING_BASE:
+        xs = [x for lat in lats for x in (lat[base] if isinstance(lat.get(base), list) else
+                                          [lat[base]] if base in lat else [])]
+        if xs:
+            for stat in SERVING_STATS:
+                out[f"{base}_{stat}_s"] = max(xs) if stat == "max" else percentile(xs, float(stat[1:]))
+    span = max(r["end_s"] for r in done) - min(r["sent_s"] for r in recs)
+    if span > 0:
+        out["request_throughput_req_s"] = len(done) / span
+        out["serve_output_tok_s"] = sum(lat["tokens"] for lat in lats) / span
+    if slo:
+        good = sum(1 for lat in lats if meets(lat, slo))
+        out["goodput_share"] = good / len(recs)
+        if span > 0:
+            out["goodput_req_s"] = good / span
+    return out
+
+
+def from_serving(samples: list[dict], slo: dict[str, float] | None) -> dict[str, dict]:
+    """Metrics (artifact form) from a server engine's repetitions: samples = [{"requests": [...]}, ...]."""
+    vals: dict[str, list[float]] = {n: [] for n in SERVING_METRICS}
+    for s in samples:
+        for k, v in serving_figures(s["requests"], slo).items():
+            vals[k].append(v)
+    out = {}
+    for name, (unit, hib, definition) in SERVING_METRICS.items():
+        if vals[name]:
+            out[name] = {"unit": unit, "samples": vals[name], "warmup_samples": [], "definition": definition}
+            if not hib:
+                out[name]["higher_is_better"] = False
     return out
 
 

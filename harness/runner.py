@@ -26,6 +26,10 @@ def model_block(model: str, form: str) -> tuple[dict, dict[str, Path]]:
     if model == NO_MODEL or form == "none":
         return {"name": model, "form": "none", "source": {"none": "command engine"}, "format": "none",
                 "dtype": "none", "parameters": 1, "files": []}, {}
+    if form == "external":  # a server the harness does not start (the openai engine): no weights of ours
+        return {"name": model, "form": "external", "format": "external", "dtype": "unknown", "parameters": 1,
+                "files": [], "source": {"external": "served by an endpoint the harness does not start; the prompts "
+                                                    "are this model's token ids"}}, {}
     root = models.ensure(model, [form])
     block = models.loaded_block(model, form)  # hashed now; a file that is not the manifest's is refused
     weights = {rel: root / rel for rel in models.weight_files(model, form)}
@@ -123,11 +127,12 @@ def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, t
             emulation=emulation, executor=executor),
         workload=Workload(prompt_len=p["prompt_len"], context_len=p["context_len"], gen_len=p["gen_len"],
                           batch=p.get("batch", 1), warmups=spec.warmups, repetitions=spec.repetitions,
-                          prompt_token_hash=res.prompt_token_hash),
+                          prompt_token_hash=res.prompt_token_hash,
+                          **({"load": spec.load_of(p).record(), "slo": spec.slo} if spec.load is not None else {})),
         residency=Residency(**(residency or {"before": {}, "after_load": res.after_load, "after_run": {},
                                              "peak_memory": res.peak_memory,
                                              "page_cache": "not observed (the run did not complete)"})),
-        metrics=res.metrics, attribution=res.attribution)
+        metrics=res.metrics, attribution=res.attribution, **({"serving": res.serving} if res.serving else {}))
 
 
 def settings_block(settings: dict, engine, arm: grid.Arm) -> dict:

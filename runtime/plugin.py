@@ -26,3 +26,34 @@ def register() -> None:
             selected = False
         if selected and name not in patches.APPLIED:
             patches.APPLIED[name] = apply()
+    record()
+
+
+RECORD_ENV = "EDGE_HARNESS_RECORD_DIR"
+
+
+def record() -> None:
+    """Where a process of vLLM's is not the harness's own worker (vLLM's API server and its engine core, the
+    vllm-server engine), each one says what the runtime did in it: <EDGE_HARNESS_RECORD_DIR>/<pid>.json with the
+    patches applied there, written now and again at exit (platform hooks apply after the plugins load)."""
+    d = os.environ.get(RECORD_ENV)
+    if not d:
+        return
+    import atexit
+    import json
+    import sys
+    from runtime import patches
+
+    def write() -> None:
+        try:
+            path = os.path.join(d, f"{os.getpid()}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump({"pid": os.getpid(), "argv": sys.argv[:3], "selected": os.environ.get("EDGE_HARNESS_PATCHES"),
+                           "applied": patches.APPLIED}, f, default=str)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+    write()
+    if not getattr(record, "_registered", False):
+        atexit.register(write)
+        record._registered = True  # type: ignore[attr-defined]

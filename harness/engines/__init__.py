@@ -17,6 +17,9 @@ ENGINES: dict[str, str] = {
     "vllm": "harness.engines.vllm:Vllm",
     "command": "harness.engines.command:Command",
     "openvino": "harness.engines.openvino:OpenVino",
+    "llama-server": "harness.engines.server:LlamaServer",
+    "vllm-server": "harness.engines.server:VllmServer",
+    "openai": "harness.engines.server:OpenAi",
 }
 
 

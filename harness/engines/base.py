@@ -93,6 +93,7 @@ class EngineResult:
     # setting -> {"requested": x, "effective": y, "source": where y was read}; see Engine.settings
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     attribution: dict[str, Any] | None = None  # per-part decode step times (metrics.attribution), where timed
+    serving: dict[str, Any] | None = None  # a server engine's per-request records (harness/serving.py)
 
 
 class Options(BaseModel):

@@ -42,6 +42,9 @@ EXPECTED_COMMIT = "0c1e570"
 TOOL_KEY = "llama.cpp"  # the tools' name in the keys of what they make (the model zoo's GGUF forms)
 TARGETS = ("llama-bench", "llama-completion", "llama-quantize", "llama-perplexity", "llama-tokenize")
 VARIANT_TARGETS = ("llama-bench",)  # an ISA variant serves runs only (models come from the native build)
+# llama-server (the llama-server engine, harness/engines/server): the same source and flags with the server on, a
+# build of its own so that the native build's key (and the model zoo's GGUF files keyed on it) stays as it is
+SERVER_TARGETS = ("llama-server",)
 
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -77,6 +80,8 @@ ISA_VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                                                                "AVX512_VNNI", "AVX512_BF16")),
                     ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16")),
 }
+# Whether the server build is the one in use (`server()`); it is always native and pinned.
+_SERVER: contextvars.ContextVar[bool] = contextvars.ContextVar("llamacpp_server_build", default=False)
 # The ISA variant in use (None: the native build). Set with `variant(tier)`; every path below follows it.
 _VARIANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("llamacpp_isa_variant", default=None)
 
@@ -221,10 +226,25 @@ def variant(tier: str | None):
         _VARIANT.reset(token)
 
 
+@contextlib.contextmanager
+def server():
+    """Use the server build (the pinned source, native, with llama-server) inside the block."""
+    token = _SERVER.set(True)
+    v, u = _VARIANT.set(None), _USER.set(None)
+    try:
+        yield
+    finally:
+        _USER.reset(u)
+        _VARIANT.reset(v)
+        _SERVER.reset(token)
+
+
 def cmake_flags() -> tuple[str, ...]:
     v = _VARIANT.get()
     ub = _USER.get()
     extra = ub.flags if ub is not None else ()
+    if _SERVER.get():
+        return tuple("-DLLAMA_BUILD_SERVER=ON" if f == "-DLLAMA_BUILD_SERVER=OFF" else f for f in CMAKE_FLAGS)
     if v is None:
         return CMAKE_FLAGS + extra
     return tuple(f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON") + ISA_VARIANTS[v][0] + extra
@@ -251,6 +271,9 @@ def _key_payload() -> dict:
     ub = _USER.get()
     if ub is not None and ub.source is not None:  # a user's tree: its content, every flag, this CPU
         return {"tree_sha256": tree_sha256(ub.source), "flags": list(cmake_flags()), "targets": list(TARGETS),
+                "native_isa": native_isa()}
+    if _SERVER.get():
+        return {"sdist_sha256": SDIST_SHA256, "flags": list(cmake_flags()), "targets": list(SERVER_TARGETS),
                 "native_isa": native_isa()}
     if _VARIANT.get() is None:  # the native build's key, unchanged by variants existing
         return {"sdist_sha256": SDIST_SHA256, "flags": list(CMAKE_FLAGS), "targets": list(TARGETS),
@@ -425,7 +448,7 @@ def build(rebuild: bool = False) -> dict:
             source = {"package": SDIST_NAME, "version": SDIST_VERSION, "sdist": SDIST_FILE, "sdist_sha256": SDIST_SHA256}
         bdir = stage / "build"
         flags = list(cmake_flags()) + [f"-DLLAMA_BUILD_COMMIT={commit}", "-DLLAMA_BUILD_NUMBER=0"]
-        targets = TARGETS if _VARIANT.get() is None else VARIANT_TARGETS
+        targets = SERVER_TARGETS if _SERVER.get() else TARGETS if _VARIANT.get() is None else VARIANT_TARGETS
         print(f"[llama.cpp] configuring {commit} in {stage}", file=sys.stderr)
         _logged([cmake, "-S", str(src), "-B", str(bdir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags], log)
         print(f"[llama.cpp] building {', '.join(targets)} (a cold build takes ~6-13 min on 2 cores; log {log})",

@@ -1,0 +1,179 @@
+"""The serving worker: one process per run that starts the server (where the harness starts one), waits until it
+is ready, reads back what it says of itself, sends the load (harness/serving.py) and stops it.
+
+    python -m harness.engines.server.worker REQUEST.json RESULT.json
+
+The server is this process's child, in its session and carrying its containment mark (harness/lifecycle.py):
+when this worker ends, is killed, or its runner is, the server ends with it. It listens on 127.0.0.1 only, on
+a port chosen free just before it starts (`{port}` in its command). A server that exits before it is ready,
+or is not ready within the run's time, fails the run with its log's last lines (on stderr and in the result).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from harness import serving
+
+LOG_TAIL_LINES = 30
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str, timeout: float = 5.0, api_key: str | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body = r.read(8 << 20)
+            status = r.status
+    except urllib.error.HTTPError as e:
+        return e.code, None
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body.decode(errors="replace")[:2000]
+
+
+def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - (256 << 10)))
+            return "\n".join(f.read().decode(errors="replace").strip().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def log_matches(path: Path, patterns: list[str], limit: int = 64 << 20) -> dict[str, str | None]:
+    """Each pattern's first matching line of the server log (its settings are printed once, at start)."""
+    import re
+    res = {p: None for p in patterns}
+    rx = {p: re.compile(p) for p in patterns}
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                line = raw.decode(errors="replace").rstrip("\n")
+                for p, r in rx.items():
+                    if res[p] is None and r.search(line):
+                        res[p] = line[:20000]
+                if all(v is not None for v in res.values()) or f.tell() > limit:
+                    break
+    except OSError:
+        pass
+    return res
+
+
+def wait_ready(proc: subprocess.Popen | None, base: str, health: str, deadline: float, log: Path | None,
+               api_key: str | None) -> str | None:
+    """None once `health` answers 200; else why not (the server exited, or the deadline passed)."""
+    last = "no answer"
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log_tail(log) if log else ""
+            return f"the server exited {proc.returncode} before it was ready: {tail.splitlines()[-1] if tail else ''}"
+        try:
+            status, _ = get_json(base + health, timeout=2.0, api_key=api_key)
+            if status == 200:
+                return None
+            last = f"HTTP {status}"
+        except (OSError, ValueError) as e:
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(0.1)
+    return f"the server was not ready within the run's time ({last} from {health})"
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> int | None:
+    """SIGTERM the server's process group, then SIGKILL what is left after grace_s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except OSError:
+        pass
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        return proc.wait()
+
+
+def main(req_path: str, out_path: str) -> int:
+    req = json.loads(Path(req_path).read_text())
+    out = Path(out_path)
+    deadline = time.time() + float(req["timeout_s"])
+    api_key = os.environ.get(req["api_key_env"]) if req.get("api_key_env") else None
+    proc = None
+    log = None
+    result: dict[str, Any] = {"status": "failed"}
+    t0 = time.time()
+    try:
+        srv = req.get("server")
+        if srv is not None:
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            cmd = [a.replace("{port}", str(port)) for a in srv["cmd"]]
+            log = Path(srv["log"])
+            with open(log, "wb") as f:
+                # its own process group (stopped as one), in this worker's session: contained with it
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **srv["env"]},
+                                        process_group=0)
+            result |= {"command": cmd, "port": port, "server_pid": proc.pid}
+        else:
+            base = req["url"].rstrip("/")
+        why = wait_ready(proc, base, req["health"], deadline, log, api_key)
+        result["ready_s"] = time.time() - t0
+        if why is not None:
+            result["error"] = why
+            return 1
+        if proc is not None:
+            try:
+                result["server_affinity"] = sorted(os.sched_getaffinity(proc.pid))
+            except OSError:
+                result["server_affinity"] = None
+        info = {}
+        for path in req.get("info_paths", []):
+            status, body = get_json(base + path, api_key=api_key)
+            info[path] = body if status == 200 else {"http_status": status}
+        result["info"] = info
+        load = serving.Load(**req["load"])
+        ep = serving.Endpoint(base_url=base, model=req["model"], extra=req.get("extra", {}), api_key=api_key,
+                              timeout_s=max(1.0, deadline - time.time()))
+        reps = []
+        for i, rep in enumerate(req["repetitions"]):
+            reps.append(serving.run_load(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"])))
+            if time.time() > deadline:
+                result["error"] = f"the run's time ran out after {i + 1} of {len(req['repetitions'])} repetitions"
+                result["status"] = "timeout"
+                return 1
+        result |= {"status": "ok", "repetitions": reps}
+        return 0
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+        return 1
+    finally:
+        if proc is not None:
+            result["exit_code"] = stop(proc)
+        if log is not None:
+            result["log_tail"] = log_tail(log)
+            result["log_matches"] = log_matches(log, req.get("log_patterns", []))
+            if result.get("status") != "ok":
+                print(result["log_tail"], file=sys.stderr)
+        out.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

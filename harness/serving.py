@@ -1,0 +1,239 @@
+"""Serving under load: the load a grid asks of a server, the client that sends it, and what it read back.
+
+A load is a workload field (`workload.load`, axes `concurrency` and `rate`; docs/serving.md):
+- `concurrency: N`: a closed loop: N clients, each sending its next request when its last one ended;
+- `rate: R` (requests/s) with `arrival: poisson | constant | gamma` (`burstiness: B`, gamma's shape: 1 is
+  Poisson, below 1 burstier): an open loop, request i sent at its scheduled time whatever is in flight
+  (at most `concurrency` in flight where both are given);
+- `requests`: how many measured requests a repetition sends; `seed`: the arrivals' seed.
+
+The client (`run_load`, asyncio + aiohttp, in the serving worker's process) streams each completion and
+stamps every chunk when it arrives (time.perf_counter, seconds from the repetition's start). Prompts are the
+harness's token ids, sent as ids; the output length is forced (max_tokens with ignore_eos, and min_tokens
+where the server takes it), and the server's own count of its output (usage) is kept beside the client's.
+
+`figures` turns the per-request records into the serving metrics (one definition each, harness/metrics.py);
+`schedule_check` says whether the client kept the schedule (a late send is the client's fault, not the
+server's, and flags the run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+ARRIVALS = ("poisson", "constant", "gamma")
+# a send later than this after its scheduled time is the client falling behind (it is not the server's delay)
+LATE_S = 0.010
+# the share of late sends above which a run is flagged: the achieved rate is then the client's, not the load's
+LATE_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Load:
+    """One cell's load (validated by harness/grid.py)."""
+    requests: int
+    concurrency: int | None = None
+    rate: float | None = None
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    seed: int = 0
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"requests": self.requests}
+        if self.concurrency is not None:
+            out["concurrency"] = self.concurrency
+        if self.rate is not None:
+            out |= {"rate": self.rate, "arrival": self.arrival, "burstiness": self.burstiness, "seed": self.seed}
+        return out
+
+    @property
+    def most_in_flight(self) -> int | None:
+        """The most requests in flight at once this load allows (None: an open loop with no cap)."""
+        return self.concurrency
+
+
+def arrivals(load: Load) -> list[float] | None:
+    """Scheduled send times (s from the repetition's start) of an open-loop load; None for a closed loop.
+    Request 0 is sent at 0; the gaps are 1/R (constant), exponential with mean 1/R (poisson), or gamma with
+    shape B and mean 1/R (gamma), drawn from random.Random(seed)."""
+    if load.rate is None:
+        return None
+    rng = random.Random(load.seed)
+    out, t = [], 0.0
+    for i in range(load.requests):
+        out.append(t)
+        if load.arrival == "constant":
+            gap = 1.0 / load.rate
+        elif load.arrival == "poisson":
+            gap = rng.expovariate(load.rate)
+        else:
+            gap = rng.gammavariate(load.burstiness, 1.0 / (load.rate * load.burstiness))
+        t += gap
+    return out
+
+
+@dataclass
+class Endpoint:
+    """Where the completions go and what each request carries beyond the prompt (the server's own fields)."""
+    base_url: str
+    model: str
+    extra: dict[str, Any]
+    api_key: str | None = None
+    timeout_s: float = 300.0
+
+
+def _body(ep: Endpoint, ids: list[int], gen_len: int) -> dict[str, Any]:
+    return {"model": ep.model, "prompt": ids, "max_tokens": gen_len, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True, **ep.extra}
+
+
+def _tokens_of(choice: dict[str, Any]) -> int:
+    """Output tokens a streamed chunk carries: its token ids where the server sends them, else one per chunk
+    with text (a server that sends several tokens in one text chunk is caught by the usage comparison)."""
+    for k in ("token_ids", "tokens"):
+        v = choice.get(k)
+        if isinstance(v, list):
+            return len(v)
+    return 1 if choice.get("text") else 0
+
+
+async def _one(session, ep: Endpoint, i: int, ids: list[int], gen_len: int, t0: float, scheduled: float | None,
+               warmup: bool) -> dict[str, Any]:
+    import aiohttp
+    rec: dict[str, Any] = {"i": i, "warmup": warmup, "scheduled_s": scheduled, "prompt_tokens": len(ids),
+                           "chunks_s": [], "chunk_tokens": [], "usage": None, "error": None}
+    headers = {"Authorization": f"Bearer {ep.api_key}"} if ep.api_key else {}
+    rec["sent_s"] = time.perf_counter() - t0
+    try:
+        async with session.post(f"{ep.base_url}/v1/completions", json=_body(ep, ids, gen_len), headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=ep.timeout_s)) as resp:
+            rec["http_status"] = resp.status
+            if resp.status != 200:
+                rec["error"] = f"HTTP {resp.status}: {(await resp.text())[:300]}"
+                return rec
+            buf = b""
+            async for piece in resp.content.iter_any():
+                now = time.perf_counter() - t0
+                buf += piece
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    line = line.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        continue
+                    msg = json.loads(data)
+                    if msg.get("usage"):
+                        rec["usage"] = {k: msg["usage"].get(k) for k in ("prompt_tokens", "completion_tokens")}
+                    for ch in msg.get("choices") or []:
+                        n = _tokens_of(ch)
+                        if n:
+                            rec["chunks_s"].append(now)
+                            rec["chunk_tokens"].append(n)
+    except asyncio.TimeoutError:
+        rec["error"] = f"timed out after {ep.timeout_s:.0f} s"
+    except Exception as e:  # a refused connection, a reset, a malformed chunk: counted against the run
+        rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    rec["end_s"] = time.perf_counter() - t0
+    if not rec["error"] and not rec["chunks_s"]:
+        rec["error"] = "no output token in the stream"
+    return rec
+
+
+async def _run(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts: list[list[int]],
+               gen_len: int) -> dict[str, Any]:
+    import aiohttp
+    # a fresh connection per request: a server that closes an idle keep-alive connection (llama-server does) cannot
+    # fail the next request sent on it; the connect (loopback, well under a millisecond) is inside its TTFT
+    conn = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        warm = []
+        for j, ids in enumerate(warmup_prompts):  # one at a time, before the load; kept and flagged
+            t0 = time.perf_counter()
+            warm.append(await _one(session, ep, j, ids, gen_len, t0, None, True))
+        sched = arrivals(load)
+        cap = asyncio.Semaphore(load.concurrency) if load.concurrency else None
+        in_flight = [0, 0]  # now, most
+        t0 = time.perf_counter()
+
+        async def send(i: int) -> dict[str, Any]:
+            if sched is not None:
+                delay = sched[i] - (time.perf_counter() - t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            if cap is not None:
+                await cap.acquire()
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight[1], in_flight[0])
+            try:
+                return await _one(session, ep, i, prompts[i], gen_len, t0, None if sched is None else sched[i], False)
+            finally:
+                in_flight[0] -= 1
+                if cap is not None:
+                    cap.release()
+
+        if sched is None:  # closed loop: `concurrency` clients, each taking the next request when its last ended
+            queue = list(range(len(prompts)))[::-1]
+            recs: list[dict[str, Any]] = []
+
+            async def client() -> None:
+                while queue:
+                    recs.append(await send(queue.pop()))
+            await asyncio.gather(*(client() for _ in range(load.concurrency or 1)))
+            recs.sort(key=lambda r: r["i"])
+        else:
+            recs = list(await asyncio.gather(*(send(i) for i in range(len(prompts)))))
+        return {"warmup_requests": warm, "requests": recs, "most_in_flight": in_flight[1]}
+
+
+def run_load(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts: list[list[int]],
+             gen_len: int) -> dict[str, Any]:
+    """One repetition of the load: warm-up requests one at a time, then `load.requests` requests as the load
+    schedules them. Returns the per-request records (raw samples) and the most requests seen in flight."""
+    return asyncio.run(_run(ep, load, prompts, warmup_prompts, gen_len))
+
+
+# ---- what the records say -----------------------------------------------------------------------------------
+
+def schedule_check(load: Load, recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the client sent each open-loop request on time (a send more than LATE_S after its schedule is
+    late); a run with more than LATE_SHARE of its sends late is flagged `client_behind`."""
+    if load.rate is None:
+        return {"open_loop": False, "client_behind": False}
+    lags = [r["sent_s"] - r["scheduled_s"] for r in recs if r.get("scheduled_s") is not None]
+    late = sum(1 for x in lags if x > LATE_S)
+    return {"open_loop": True, "late_sends": late, "max_lag_s": max(lags, default=0.0),
+            "client_behind": bool(lags) and late / len(lags) > LATE_SHARE,
+            "rule": f"a send more than {LATE_S * 1e3:.0f} ms after its scheduled time is late; more than "
+                    f"{LATE_SHARE:.0%} late flags the run"}
+
+
+def achieved(recs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The rate and concurrency the measured requests actually had, from their own timestamps: rate = (sends - 1)
+    / (last send - first send); concurrency = the requests' summed e2e / (last end - first send)."""
+    if not recs:
+        return {"rate_req_s": None, "concurrency": None}
+    sent = sorted(r["sent_s"] for r in recs)
+    span = max(r["end_s"] for r in recs) - sent[0]
+    rate = (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 and sent[-1] > sent[0] else None
+    busy = sum(r["end_s"] - r["sent_s"] for r in recs)
+    return {"rate_req_s": rate, "concurrency": busy / span if span > 0 else None}
+
+
+def usage_check(recs: list[dict[str, Any]], gen_len: int) -> dict[str, Any]:
+    """The client's token count against the server's usage and the forced length: each request whose counts
+    differ is listed (recorded and flagged, never hidden)."""
+    bad = []
+    for r in recs:
+        client = sum(r["chunk_tokens"])
+        server = (r.get("usage") or {}).get("completion_tokens")
+        if server is None or client != server or server != gen_len:
+            bad.append({"i": r["i"], "client_tokens": client, "server_tokens": server, "asked": gen_len})
+    return {"mismatches": bad[:20], "n_mismatched": len(bad), "ok": not bad}

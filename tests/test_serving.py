@@ -1,0 +1,238 @@
+"""The load generator and the serving metrics, on a small fake OpenAI server (the client's and the figures' own
+logic; the real servers are in tests/test_serving_real.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+
+import pytest
+
+from harness import metrics, serving
+
+
+class FakeServer:
+    """/v1/completions streaming `max_tokens` chunks `gap_s` apart after `ttft_s`, usage last; requests whose
+    first prompt id is 666 get HTTP 500; records the most requests it had in flight."""
+
+    def __init__(self, ttft_s: float = 0.02, gap_s: float = 0.005, usage_extra: int = 0, ids_in_chunks: bool = False):
+        self.ttft_s, self.gap_s, self.usage_extra, self.ids = ttft_s, gap_s, usage_extra, ids_in_chunks
+        self.in_flight = self.most = 0
+        self.bodies: list[dict] = []
+
+    async def completions(self, request):
+        from aiohttp import web
+        body = await request.json()
+        self.bodies.append(body)
+        if body["prompt"][0] == 666:
+            return web.Response(status=500, text="boom")
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await asyncio.sleep(self.ttft_s)
+            n = body["max_tokens"]
+            for i in range(n):
+                choice = {"text": f"t{i}", "index": 0} | ({"token_ids": [i]} if self.ids else {})
+                await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+                await asyncio.sleep(self.gap_s)
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n + self.usage_extra}
+            await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        finally:
+            self.in_flight -= 1
+
+    def __enter__(self):
+        from aiohttp import web
+        self.loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.completions)
+        self.runner = web.AppRunner(app)
+        ready = threading.Event()
+
+        def serve():
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            self.loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]
+            ready.set()
+            self.loop.run_forever()
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        ready.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    @property
+    def endpoint(self) -> serving.Endpoint:
+        return serving.Endpoint(base_url=f"http://127.0.0.1:{self.port}", model="m", extra={}, timeout_s=30)
+
+
+def _prompts(n, first=1):
+    return [[first + i, 7, 8, 9] for i in range(n)]
+
+
+def test_closed_loop_keeps_concurrency_and_stamps_every_chunk():
+    with FakeServer() as srv:
+        out = serving.run_load(srv.endpoint, serving.Load(requests=6, concurrency=2), _prompts(6), _prompts(1, 50), 5)
+    assert srv.most == 2 and out["most_in_flight"] == 2
+    assert [r["warmup"] for r in out["warmup_requests"]] == [True]
+    recs = out["requests"]
+    assert [r["i"] for r in recs] == list(range(6))
+    for r in recs:
+        assert r["error"] is None and len(r["chunks_s"]) == 5 and r["chunk_tokens"] == [1] * 5
+        assert r["sent_s"] < r["chunks_s"][0] <= r["chunks_s"][-1] <= r["end_s"]
+        assert r["chunks_s"][0] - r["sent_s"] >= 0.02  # the fake's TTFT
+        assert r["usage"] == {"prompt_tokens": 4, "completion_tokens": 5}
+    # forced length and greedy in every body
+    assert all(b["max_tokens"] == 5 and b["ignore_eos"] and b["temperature"] == 0 and b["stream"] for b in srv.bodies)
+    assert serving.usage_check(recs, 5)["ok"]
+
+
+def test_open_loop_sends_on_schedule_whatever_is_in_flight():
+    load = serving.Load(requests=8, rate=50.0, arrival="constant")
+    with FakeServer(ttft_s=0.1) as srv:  # each request takes longer than the gap: several in flight
+        out = serving.run_load(srv.endpoint, load, _prompts(8), [], 3)
+    recs = out["requests"]
+    sched = serving.arrivals(load)
+    assert sched == pytest.approx([i / 50 for i in range(8)])
+    for r, t in zip(recs, sched):
+        assert r["scheduled_s"] == pytest.approx(t) and r["sent_s"] >= t
+    assert out["most_in_flight"] >= 3
+    got = serving.achieved(recs)
+    assert got["rate_req_s"] == pytest.approx(50, rel=0.2)
+    assert got["concurrency"] > 2
+    assert serving.schedule_check(load, recs)["open_loop"] is True
+
+
+def test_arrivals_poisson_and_gamma_have_the_asked_mean_and_are_seeded():
+    for arrival, b in (("poisson", 1.0), ("gamma", 0.5), ("gamma", 4.0)):
+        load = serving.Load(requests=4001, rate=10.0, arrival=arrival, burstiness=b, seed=3)
+        t = serving.arrivals(load)
+        gaps = [y - x for x, y in zip(t, t[1:])]
+        mean = sum(gaps) / len(gaps)
+        cv = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps)) / mean
+        assert mean == pytest.approx(0.1, rel=0.06)
+        assert cv == pytest.approx(1 / math.sqrt(b), rel=0.1)  # gamma shape B: coefficient of variation 1/sqrt(B)
+        assert serving.arrivals(load) == t
+    assert serving.arrivals(serving.Load(requests=3, concurrency=2)) is None
+
+
+def test_a_late_client_is_flagged_not_blamed_on_the_server():
+    load = serving.Load(requests=4, rate=10.0, arrival="constant")
+    recs = [{"scheduled_s": i / 10, "sent_s": i / 10 + (0.05 if i >= 2 else 0.0)} for i in range(4)]
+    s = serving.schedule_check(load, recs)
+    assert s["late_sends"] == 2 and s["client_behind"] is True
+    recs = [{"scheduled_s": i / 10, "sent_s": i / 10 + 0.001} for i in range(4)]
+    assert serving.schedule_check(load, recs)["client_behind"] is False
+
+
+def test_errors_are_counted_and_usage_mismatches_flagged():
+    prompts = _prompts(4)
+    prompts[1] = [666, 1, 2, 3]
+    with FakeServer(usage_extra=1) as srv:
+        out = serving.run_load(srv.endpoint, serving.Load(requests=4, concurrency=1), prompts, [], 4)
+    recs = out["requests"]
+    assert recs[1]["error"].startswith("HTTP 500") and not recs[1]["chunks_s"]
+    ok = [r for r in recs if not r["error"]]
+    u = serving.usage_check(ok, 4)
+    assert u["n_mismatched"] == 3 and u["mismatches"][0]["server_tokens"] == 5 and not u["ok"]
+    f = metrics.serving_figures(recs, {"ttft_s": 10.0})
+    assert f["goodput_share"] == pytest.approx(3 / 4)  # the failed request counts against goodput
+
+
+def test_token_ids_in_chunks_are_counted():
+    with FakeServer(ids_in_chunks=True) as srv:
+        out = serving.run_load(srv.endpoint, serving.Load(requests=1, concurrency=1), _prompts(1), [], 3)
+    assert out["requests"][0]["chunk_tokens"] == [1, 1, 1]
+
+
+def test_an_unreachable_server_is_an_error_per_request_not_a_crash():
+    ep = serving.Endpoint(base_url="http://127.0.0.1:9", model="m", extra={}, timeout_s=5)
+    out = serving.run_load(ep, serving.Load(requests=2, concurrency=1), _prompts(2), [], 2)
+    assert all(r["error"] for r in out["requests"])
+    assert metrics.serving_figures(out["requests"], None) == {}
+
+
+def _rec(sent, chunks, tokens=None):
+    return {"sent_s": sent, "chunks_s": chunks, "chunk_tokens": [1] * len(chunks), "end_s": chunks[-1],
+            "usage": {"completion_tokens": tokens or len(chunks)}, "error": None}
+
+
+def test_serving_figures_by_hand():
+    recs = [_rec(0.0, [0.5, 0.6, 0.7]), _rec(1.0, [1.2, 1.4, 1.6, 1.8]), _rec(2.0, [3.0, 3.1])]
+    f = metrics.serving_figures(recs, {"ttft_s": 0.6, "e2e_s": 1.0})
+    assert f["ttft_p50_s"] == pytest.approx(0.5) and f["ttft_max_s"] == pytest.approx(1.0)
+    assert f["ttft_p90_s"] == pytest.approx(0.5 + 0.8 * 0.5)  # linear interpolation over [0.2, 0.5, 1.0]
+    assert f["tpot_p50_s"] == pytest.approx(0.1) and f["tpot_max_s"] == pytest.approx(0.2)
+    assert f["itl_all_p50_s"] == pytest.approx(0.15)  # gaps 0.1 0.1 0.2 0.2 0.2 0.1: median of six
+    assert f["itl_all_max_s"] == pytest.approx(0.2)
+    assert f["e2e_max_s"] == pytest.approx(1.1)
+    assert f["request_throughput_req_s"] == pytest.approx(3 / 3.1)
+    assert f["serve_output_tok_s"] == pytest.approx(9 / 3.1)
+    # request 0 (ttft 0.5, e2e 0.7) and 1 (ttft 0.2, e2e 0.8) meet the bounds; 2 (ttft 1.0) does not
+    assert f["goodput_share"] == pytest.approx(2 / 3) and f["goodput_req_s"] == pytest.approx(2 / 3.1)
+    # TPOT counts the server's tokens: 3 tokens over 2 chunks (a chunk of two)
+    assert metrics.request_latencies(_rec(0.0, [1.0, 2.0], tokens=3))["tpot"] == pytest.approx(0.5)
+
+
+def test_every_serving_metric_has_one_definition_and_no_request_metric_is_redefined():
+    assert not set(metrics.SERVING_METRICS) & set(metrics.REQUEST_METRICS)
+    m = metrics.from_serving([{"requests": [_rec(0.0, [0.5, 0.6, 0.7])]}], {"tpot_s": 1.0})
+    for name, row in m.items():
+        unit, hib, definition = metrics.SERVING_METRICS[name]
+        assert row["definition"] == definition and row["unit"] == unit and len(row["samples"]) == 1
+        assert row.get("higher_is_better", True) is hib
+
+
+def test_the_load_is_validated_in_one_line(write_grid, cli):
+    base = """
+    name: s
+    model: tiny-llama
+    arms: [{name: a, engine: llama-server}]
+    workload: {prompt_len: 8, context_len: 64, gen_len: 4, LOAD}
+    threads: 1
+    """
+    cases = [("load: {requests: 4}", "workload.load: names neither concurrency nor rate"),
+             ("load: {concurrency: 2}", "workload.load.requests: is required"),
+             ("load: {concurrency: 8, requests: 4}", "cannot keep 8 in flight"),
+             ("load: {rate: -1, requests: 4}", "workload.load.rate: must be a number"),
+             ("load: {rate: 2, arrival: lumpy, requests: 4}", "workload.load.arrival: unknown arrival"),
+             ("load: {rate: 2, burstiness: 2, requests: 4}", "workload.load.burstiness: applies to arrival: gamma"),
+             ("load: {concurrency: 1, requests: 4, warp: 1}", "workload.load.warp: unknown field"),
+             ("load: {concurrency: 1, requests: 4}, slo: {ttft: 1}", "workload.slo.ttft: unknown field"),
+             ("batch: 1", "workload.load: is required: arm 'a' runs a server engine")]
+    for load, says in cases:
+        g = write_grid(base.replace("LOAD", load))
+        rc, out, err = cli("plan", g)
+        assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, (load, err)
+    g = write_grid(base.replace("LOAD", "load: {concurrency: 1, requests: 4}").replace("llama-server", "llama.cpp"))
+    rc, out, err = cli("plan", g)
+    assert rc == 2 and "arms[a].engine: llama.cpp runs no load" in err
+
+
+def test_an_unreachable_openai_url_is_one_line_at_start_and_nothing_is_stored(write_grid, cli, tmp_path):
+    g = write_grid("""
+    name: ext
+    model: tiny-llama
+    arms: [{name: ext, engine: openai, options: {url: "http://127.0.0.1:9"}}]
+    workload: {prompt_len: 8, context_len: 64, gen_len: 4, load: {concurrency: 1, requests: 2}}
+    threads: 1
+    """)
+    rc, out, err = cli("run", g, "--store", tmp_path / "st")
+    errors = [line for line in err.strip().splitlines() if not line.startswith("[harness]")]
+    assert rc == 2 and len(errors) == 1
+    assert "arms[ext].options.url: http://127.0.0.1:9 is unreachable" in errors[0]
+    assert not list((tmp_path / "st").rglob("*.json"))  # no artifact, not even a failed one
+    rc, out, err = cli("plan", write_grid(open(g).read().replace('"http://127.0.0.1:9"', "ftp://x"), "bad.yaml"))
+    assert rc == 2 and "arms[ext].options.url" in err

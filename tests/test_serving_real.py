@@ -1,0 +1,225 @@
+"""Server engines against the real llama-server on tiny-llama: a closed loop at concurrency 2 and a Poisson rate,
+their per-request records, percentiles, goodput and achieved rate; no server left after a run or after a
+`kill -9` of the runner; a server that does not start is a failed artifact with its log; an endpoint the
+harness does not start is recorded as external, and an unreachable one is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import execute
+from harness.check import check_doc
+from harness.store import Store
+
+pytestmark = pytest.mark.engines
+ROOT = Path(__file__).resolve().parents[1]
+
+GRID = """
+name: {name}
+model: tiny-llama
+arms:
+  - {{name: llama-server, engine: llama-server, form: gguf-f32{env}}}
+workload: {{prompt_len: 16, context_len: 256, gen_len: 8, load: {load}, slo: {{ttft_s: 5.0, tpot_s: 1.0}}}}
+threads: 2
+passes: 1
+repetitions: {reps}
+warmups: 1
+timeout_s: 120
+"""
+
+
+def _server_pids(exe_part: str = "llama-server") -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            argv0 = (p / "cmdline").read_bytes().split(b"\0")[0]
+            state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if os.path.basename(argv0) == exe_part.encode() and state not in ("Z", "X"):
+            out.append(int(p.name))
+    return out
+
+
+def _run(tmp_path, name, load, reps=1, env=""):
+    g = tmp_path / f"{name}.yaml"
+    g.write_text(GRID.format(name=name, load=load, reps=reps, env=env))
+    execute.run(str(g), store_root=tmp_path / "store")
+    docs = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths(name)]
+    assert len(docs) == 1
+    return docs[0]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    d = tmp_path_factory.mktemp("served")
+    before = set(_server_pids())
+    closed = _run(d, "closed", "{concurrency: 2, requests: 6}", reps=2)
+    left_closed = set(_server_pids()) - before
+    poisson = _run(d, "poisson", "{rate: 8, arrival: poisson, seed: 1, requests: 10}")
+    return closed, poisson, left_closed, set(_server_pids()) - before
+
+
+def test_a_closed_loop_at_concurrency_2_reads_back_and_passes_check(served):
+    a = served[0]
+    assert a["status"] == "ok", a.get("error")
+    assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
+    s = a["execution"]["settings"]
+    for name in ("threads", "cpus", "context_len", "options.parallel", "load.concurrency"):
+        assert s[name]["rule"] == "enforced" and s[name]["effective"] == s[name]["requested"], (name, s[name])
+    assert s["load.concurrency"]["effective"] == 2 and s["options.parallel"]["effective"] == 2
+    assert a["workload"]["load"] == {"requests": 6, "concurrency": 2} and a["workload"]["slo"]["ttft_s"] == 5.0
+    reps = a["serving"]["repetitions"]
+    assert len(reps) == 2 and len(reps[0]["warmup_requests"]) == 1 and reps[1]["warmup_requests"] == []
+    for rep in reps:
+        assert len(rep["requests"]) == 6 and rep["most_in_flight"] == 2
+        for r in rep["requests"]:
+            assert r["error"] is None and sum(r["chunk_tokens"]) == 8 == r["usage"]["completion_tokens"]
+            assert r["usage"]["prompt_tokens"] == 16  # the ids were sent as ids, nothing added
+            assert r["sent_s"] < r["chunks_s"][0] <= r["chunks_s"][-1] <= r["end_s"]
+    assert a["execution"]["effective"]["usage_check"]["ok"]
+    m = a["metrics"]
+    for name in ("ttft_p50_s", "ttft_p99_s", "tpot_p90_s", "itl_all_p50_s", "e2e_max_s", "request_throughput_req_s",
+                 "serve_output_tok_s", "goodput_share", "goodput_req_s"):
+        assert len(m[name]["samples"]) == 2 and all(x > 0 for x in m[name]["samples"]), name
+    assert m["ttft_p50_s"]["samples"][0] <= m["ttft_p99_s"]["samples"][0] <= m["ttft_max_s"]["samples"][0]
+    assert m["goodput_share"]["samples"] == [1.0, 1.0]  # tiny-llama meets bounds of seconds
+    assert a["engine"]["build"]["binary"] == "llama-server" and len(a["engine"]["build"]["binary_sha256"]) == 64
+
+
+def test_a_poisson_rate_is_sent_on_its_schedule_and_its_rate_read_back(served):
+    a = served[1]
+    assert a["status"] == "ok", a.get("error")
+    assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
+    rate = a["execution"]["settings"]["load.rate"]
+    assert rate["requested"] == 8 and rate["rule"].startswith("observe only")
+    assert rate["effective"][0] > 0
+    recs = a["serving"]["repetitions"][0]["requests"]
+    from harness import serving
+    sched = serving.arrivals(serving.Load(requests=10, rate=8, arrival="poisson", seed=1))
+    assert [r["scheduled_s"] for r in recs] == pytest.approx(sched)
+    assert all(r["sent_s"] >= r["scheduled_s"] for r in recs)
+    check = a["execution"]["effective"]["schedule"][0]
+    assert check["open_loop"] and "late_sends" in check
+    assert a["execution"]["effective"]["achieved"][0]["rate_req_s"] == pytest.approx(rate["effective"][0])
+
+
+def test_no_server_is_left_after_the_runs(served):
+    assert served[2] == set() and served[3] == set()
+
+
+def test_a_server_that_does_not_start_is_a_failed_artifact_with_its_log(tmp_path):
+    a = _run(tmp_path, "broken", "{concurrency: 1, requests: 1}", env=", env: {LLAMA_ARG_CTX_SIZE: not-a-number}")
+    assert a["status"] == "failed"
+    assert "exited" in a["error"] and "before it was ready" in a["error"]
+    # the server's own last words, in the error and in the stored log tail
+    assert 'environment variable "LLAMA_ARG_CTX_SIZE"' in a["error"]
+    assert 'environment variable "LLAMA_ARG_CTX_SIZE"' in a["stderr_tail"]
+    assert a["metrics"] == {} and a["engine"]["build"]["binary"] == "llama-server"
+
+
+def test_kill_9_of_the_runner_kills_its_server(tmp_path):
+    g = tmp_path / "long.yaml"
+    g.write_text(GRID.format(name="long", load="{concurrency: 1, requests: 2000}", reps=1, env=""))
+    before = set(_server_pids())
+    runner = subprocess.Popen([str(Path(sys.executable).parent / "harness"), "run", str(g), "--store", str(tmp_path / "st")],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not set(_server_pids()) - before:
+            time.sleep(0.2)  # waiting for another process to start (no event to wait on): bounded
+        new = set(_server_pids()) - before
+        assert new, "the server never started"
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(10)
+        deadline = time.time() + 10
+        while time.time() < deadline and set(_server_pids()) & new:
+            time.sleep(0.1)
+        assert not set(_server_pids()) & new, "llama-server outlived a kill -9 of its runner"
+    finally:
+        for pid in set(_server_pids()) - before:
+            os.kill(pid, signal.SIGKILL)
+        if runner.poll() is None:
+            runner.kill()
+
+
+def test_vllm_server_with_the_patched_runtime_at_a_capped_poisson_rate(tmp_path):
+    """One vLLM server start (tens of seconds): Poisson arrivals, at most 2 in flight, read back from its log and
+    /v1/models, the runtime's patches recorded by each of its processes; nothing left after."""
+    g = tmp_path / "vs.yaml"
+    g.write_text(GRID.format(name="vs", load="{rate: 8, arrival: poisson, concurrency: 2, requests: 8}", reps=1, env="")
+                 .replace("{name: llama-server, engine: llama-server, form: gguf-f32}",
+                          "{name: vllm-server, engine: vllm-server, form: hf-fp32}").replace("timeout_s: 120", "timeout_s: 300"))
+    execute.run(str(g), store_root=tmp_path / "store")
+    (a,) = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("vs")]
+    assert a["status"] == "ok", a.get("error")
+    assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
+    s = a["execution"]["settings"]
+    for name in ("threads", "cpus", "dtype", "context_len", "options.eager"):
+        assert s[name]["rule"] == "enforced" and s[name]["effective"] == s[name]["requested"], (name, s[name])
+    eff = a["execution"]["effective"]
+    assert "threads-follow-bind" in eff["patches_applied"] and len(eff["runtime_records"]) >= 2  # API server, core
+    rep = a["serving"]["repetitions"][0]
+    assert len(rep["requests"]) == 8 and rep["most_in_flight"] <= 2
+    for r in rep["requests"]:
+        assert r["error"] is None and r["chunk_tokens"] == [1] * 8 and r["usage"]["completion_tokens"] == 8
+    assert eff["usage_check"]["ok"] and a["metrics"]["goodput_share"]["samples"] == [1.0]
+    assert a["workload"]["load"] == {"requests": 8, "concurrency": 2, "rate": 8, "arrival": "poisson",
+                                     "burstiness": 1.0, "seed": 0}
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, str(tmp_path))]
+    assert left == [], "a process of the vLLM server outlived its run"
+
+
+def _cmdline_has(p: Path, text: str) -> bool:
+    try:
+        return text.encode() in (p / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def test_an_endpoint_the_harness_does_not_start_is_recorded_as_external(tmp_path):
+    from harness import models
+    from harness.engines.llamacpp import build as llamacpp_build
+    from harness.engines.server.worker import free_port, get_json
+    with llamacpp_build.server():
+        exe = llamacpp_build.binary("llama-server")
+    port = free_port()
+    log = open(tmp_path / "server.log", "wb")
+    srv = subprocess.Popen([str(exe), "-m", str(models.form_path("tiny-llama", "gguf-f32")), "--host", "127.0.0.1",
+                            "--port", str(port), "-t", "1", "-c", "512", "-np", "2", "--no-ui"], stdout=log,
+                           stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:  # bounded wait for the server we started to load its model
+            try:
+                if get_json(f"http://127.0.0.1:{port}/health", timeout=1)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        g = tmp_path / "ext.yaml"
+        g.write_text(GRID.format(name="ext", load="{concurrency: 2, requests: 4}", reps=1, env="").replace(
+            "{name: llama-server, engine: llama-server, form: gguf-f32}",
+            f"{{name: ext, engine: openai, options: {{url: 'http://127.0.0.1:{port}'}}}}"))
+        execute.run(str(g), store_root=tmp_path / "store")
+        (a,) = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("ext")]
+    finally:
+        srv.kill()
+        srv.wait()
+    assert a["status"] == "ok", a.get("error")
+    assert a["engine"]["build_commit"] == "external: build not verified"
+    assert a["engine"]["build"]["url"] == f"http://127.0.0.1:{port}"
+    assert a["execution"]["settings"]["threads"]["rule"].startswith("observe only")
+    assert a["execution"]["effective"]["reported"]["/v1/models"]["data"]
+    assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
+    assert len(a["serving"]["repetitions"][0]["requests"]) == 4
