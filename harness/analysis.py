@@ -590,3 +590,38 @@ def speed_of(newest: Newest, host: str, engine: str, form: str, threads: int,
         mine = [a for a in arts if metric in a.metrics]
         return _median_of_runs(mine, metric) if mine else None
     return Speed(grid=grid_name, cell=cell, decode=med("decode_tok_s"), prefill=med("prefill_tok_s"))
+
+
+# ---- a serving grid's curve: latency against throughput as the load grows ---------------------------------
+
+LOAD_LATENCIES = ("ttft_p90_s", "tpot_p90_s", "e2e_p90_s")
+
+
+def load_of(cell: str) -> tuple[str, float] | None:
+    """A serving cell's load ('concurrency' or 'rate', its value), from the cell id; None for other cells."""
+    params = dict(kv.split("=", 1) for kv in cell.split(",") if "=" in kv)
+    for k in ("rate", "concurrency"):
+        if k in params:
+            try:
+                return k, float(params[k])
+            except ValueError:
+                return None
+    return None
+
+
+def load_points(section: dict) -> dict[str, dict[str, list[tuple[float, float, float]]]]:
+    """latency metric -> arm -> [(load value, output tok/s median, latency median)], by load: the curve of each
+    arm's latency against its throughput as the load grows (a serving grid's cells)."""
+    med = {(t["metric"], r["arm"], r["cell"]): r["median_value"] for t in section["tables"] for r in t["rows"]}
+    out: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
+    for (metric, arm, cell), tput in sorted(med.items()):
+        if metric != "serve_output_tok_s" or load_of(cell) is None:
+            continue
+        for lat in LOAD_LATENCIES:
+            y = med.get((lat, arm, cell))
+            if y is not None and tput is not None:
+                out.setdefault(lat, {}).setdefault(arm, []).append((load_of(cell)[1], tput, y))
+    for by_arm in out.values():
+        for pts in by_arm.values():
+            pts.sort()
+    return out

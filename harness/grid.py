@@ -657,7 +657,7 @@ def _load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, Any] | 
         cells["rate"] = _rate(path, "workload.load.rate", raw["rate"])
     for k in on_axes:
         if k in cells:
-            raise _err(path, f"workload.load.{k}", f"is also an axis", f"set {k} in one place")
+            raise _err(path, f"workload.load.{k}", "is also an axis", f"set {k} in one place")
     if not cells and not on_axes:
         raise _err(path, "workload.load", "names neither concurrency nor rate",
                    "add concurrency: N (a closed loop) or rate: R (requests/s, an open loop)")

@@ -135,8 +135,20 @@ def context_figure(sec: dict) -> dict:
                                      "yaxis": {"type": "log", "title": {"text": "decode tok/s"}}}}
 
 
+def load_figure(sec: dict) -> dict:
+    """The serving curve: each arm's latency against its output throughput, a point per load (plots.load_curve)."""
+    from harness.analysis import load_points
+    data = [{"type": "scatter", "mode": "lines+markers+text", "name": f"{metric} {arm}",
+             "x": [x for _, x, _ in rows], "y": [y for _, _, y in rows], "text": [f"{v:g}" for v, _, _ in rows],
+             "textposition": "top right"}
+            for metric, by_arm in load_points(sec).items() for arm, rows in sorted(by_arm.items())]
+    return {"data": data, "layout": {"title": {"text": _title(sec, "latency against throughput, a point per load")},
+                                     "xaxis": {"title": {"text": "serve_output_tok_s"}},
+                                     "yaxis": {"title": {"text": "s"}}}}
+
+
 FIGURES = {"-ratios.png": ratio_figure, "-threads.png": threads_figure, "-scale.png": scale_figure,
-           "-steps.png": steps_figure, "-context.png": context_figure}
+           "-steps.png": steps_figure, "-context.png": context_figure, "-load.png": load_figure}
 
 
 def figures(sections: list[dict]) -> dict[str, dict]:

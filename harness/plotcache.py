@@ -92,7 +92,7 @@ def write_plots(sections: list[dict], out_dir: Path) -> tuple[list[Path], list[P
             from harness import plots
             from harness import context, scale, steps
             draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep, "-scale.png": scale.plot,
-                    "-steps.png": steps.plot, "-context.png": context.plot}
+                    "-steps.png": steps.plot, "-context.png": context.plot, "-load.png": plots.load_curve}
             fn = next(f for suffix, f in draw.items() if name.endswith(suffix))
             if path.is_symlink():  # never draw through a link planted beside the report
                 path.unlink()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.analysis import load_of, load_points
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -63,3 +65,23 @@ def thread_sweep(section: dict, out_dir: Path) -> str:
     fig.suptitle(f"{section['name']} (host {section['host_key']}): median over passes, "
                  "band = 95% bootstrap CI of the median", fontsize=9)
     return save(fig, out_dir, f"{section['slug']}-threads.png")
+
+
+def load_curve(section: dict, out_dir: Path) -> str:
+    """Per latency metric: each arm's median latency against its median output throughput, one point per load
+    (labelled with its concurrency or rate), joined in the order of the load."""
+    pts = load_points(section)
+    fig, axes = plt.subplots(1, len(pts), figsize=(4.2 * len(pts), 3.4), squeeze=False)
+    kind = next((load_of(r["cell"])[0] for t in section["tables"] for r in t["rows"] if load_of(r["cell"])), "load")
+    for ax, (metric, by_arm) in zip(axes[0], pts.items()):
+        for arm, rows in sorted(by_arm.items()):
+            ax.plot([x for _, x, _ in rows], [y for _, _, y in rows], marker="o", label=arm)
+            for load, x, y in rows:
+                ax.annotate(f"{load:g}", (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel("serve_output_tok_s (median over passes)")
+        ax.set_ylabel(f"{metric} (median over passes)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{section['name']} (host {section['host_key']}): latency against throughput, points labelled "
+                 f"by {kind}", fontsize=9)
+    return save(fig, out_dir, f"{section['slug']}-load.png")

@@ -599,6 +599,8 @@ def plot_names(section: dict) -> list[str]:
         names.append(f"{section['slug']}-steps.png")
     if section.get("context") and any(r["decode_value"] is not None for r in section["context"]["rows"]):
         names.append(f"{section['slug']}-context.png")
+    if any(len(rows) > 1 for by_arm in analysis.load_points(section).values() for rows in by_arm.values()):
+        names.append(f"{section['slug']}-load.png")
     return names
 
 

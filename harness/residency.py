@@ -11,7 +11,6 @@ import ctypes.util
 import mmap
 import os
 import threading
-import time
 from pathlib import Path
 
 _libc = None

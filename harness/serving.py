@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import random
 import time
 from dataclasses import dataclass

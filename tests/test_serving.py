@@ -7,7 +7,6 @@ import asyncio
 import json
 import math
 import threading
-import time
 
 import pytest
 
@@ -236,3 +235,22 @@ def test_an_unreachable_openai_url_is_one_line_at_start_and_nothing_is_stored(wr
     assert not list((tmp_path / "st").rglob("*.json"))  # no artifact, not even a failed one
     rc, out, err = cli("plan", write_grid(open(g).read().replace('"http://127.0.0.1:9"', "ftp://x"), "bad.yaml"))
     assert rc == 2 and "arms[ext].options.url" in err
+
+
+def test_the_load_curve_joins_each_arms_points_in_the_order_of_the_load():
+    from harness import analysis, html, report
+    rows = lambda metric, vals: {"metric": metric, "unit": "s", "rows": [  # noqa: E731
+        {"arm": arm, "cell": f"batch=1,concurrency={c},gen_len=8", "median_value": v, "cell_short": f"concurrency={c}",
+         "threads": 2} for (arm, c), v in vals.items()]}
+    sec = {"slug": "g-h", "name": "g", "host_key": "h", "baseline": "a", "tables": [
+        rows("serve_output_tok_s", {("a", 1): 10.0, ("a", 4): 30.0, ("a", 2): 20.0, ("b", 1): 12.0}),
+        rows("ttft_p90_s", {("a", 1): 0.1, ("a", 2): 0.2, ("a", 4): 0.5, ("b", 1): 0.1})]}
+    pts = analysis.load_points(sec)
+    assert list(pts) == ["ttft_p90_s"]
+    assert pts["ttft_p90_s"]["a"] == [(1.0, 10.0, 0.1), (2.0, 20.0, 0.2), (4.0, 30.0, 0.5)]
+    assert report.plot_names({**sec, "tables": sec["tables"]})[-1] == "g-h-load.png"
+    fig = html.load_figure(sec)
+    assert fig["data"][0]["x"] == [10.0, 20.0, 30.0] and fig["data"][0]["text"] == ["1", "2", "4"]
+    assert analysis.load_of("batch=1,rate=2.5") == ("rate", 2.5) and analysis.load_of("batch=1,threads=2") is None
+    one = {**sec, "tables": [rows("serve_output_tok_s", {("a", 1): 1.0}), rows("ttft_p90_s", {("a", 1): 0.1})]}
+    assert not any(n.endswith("-load.png") for n in report.plot_names(one))  # one point is no curve

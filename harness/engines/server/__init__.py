@@ -94,6 +94,7 @@ class ServerEngine(Engine):
         if worker.result is None:
             return worker.failed(shown, env_rec, info, requested)
         res = worker.result
+        shown = res.get("command", shown)  # the server's command as it ran: its port filled in
         effective, settings = self.read_back(ctx, res, load, opts, form)
         samples = res["repetitions"]
         measured = [r for s in samples for r in s["requests"]]
@@ -111,6 +112,7 @@ class ServerEngine(Engine):
         settings["warmups"] = setting(w, len(samples[0]["warmup_requests"]) if samples else 0, "warm-up requests sent")
         effective |= {"load": load.record(), "achieved": got, "schedule": sched, "usage_check": usage,
                       "requests_failed": len(errors), "ready_s": res.get("ready_s"),
+                      "client_affinity": res.get("client_affinity"),
                       "metric_definitions": metrics.SERVING_DEFINITIONS_VERSION,
                       "client": "harness/serving.py (asyncio + aiohttp), stamps each streamed chunk on arrival "
                                 "(time.perf_counter)"}

@@ -118,7 +118,7 @@ def main(req_path: str, out_path: str) -> int:
     api_key = os.environ.get(req["api_key_env"]) if req.get("api_key_env") else None
     proc = None
     log = None
-    result: dict[str, Any] = {"status": "failed"}
+    result: dict[str, Any] = {"status": "failed", "client_affinity": sorted(os.sched_getaffinity(0))}
     t0 = time.time()
     try:
         srv = req.get("server")
