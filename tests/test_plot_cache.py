@@ -44,7 +44,11 @@ def _rewrite(root: Path, change, grid: str | None = None) -> int:
 
 
 def _last_bits(x: float) -> float:
-    """x moved by two units in its last place, up or down (the direction a function of x: equal values stay equal)."""
+    """x moved by two units in its last place, up or down (the direction a function of x: equal values stay equal).
+    A zero stays zero: it is a count (no request met the SLO: a goodput of 0), exact on every CPU, and moved off
+    zero it would be a value no run has (negative, or a ratio where there is none)."""
+    if x == 0:
+        return x
     to = math.inf if int(x * 1e6) % 2 else -math.inf
     return math.nextafter(math.nextafter(x, to), to)
 
