@@ -670,7 +670,7 @@ def _load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, Any] | 
         raise _err(path, "workload.load.burstiness", f"must be a number in (0, 100], got {_short(b)}")
     if b != 1.0 and arrival != "gamma":
         raise _err(path, "workload.load.burstiness", f"applies to arrival: gamma, not {arrival}", "set arrival: gamma")
-    if ("rate" in cells or "rate" in on_axes) is False and ("arrival" in raw or "seed" in raw):
+    if "rate" not in cells and "rate" not in on_axes and ("arrival" in raw or "seed" in raw):
         raise _err(path, "workload.load.arrival" if "arrival" in raw else "workload.load.seed",
                    "applies to a rate (an open loop)", "add rate: R, or drop it")
     seed = raw.get("seed", 0)

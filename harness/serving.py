@@ -51,11 +51,6 @@ class Load:
             out |= {"rate": self.rate, "arrival": self.arrival, "burstiness": self.burstiness, "seed": self.seed}
         return out
 
-    @property
-    def most_in_flight(self) -> int | None:
-        """The most requests in flight at once this load allows (None: an open loop with no cap)."""
-        return self.concurrency
-
 
 def arrivals(load: Load) -> list[float] | None:
     """Scheduled send times (s from the repetition's start) of an open-loop load; None for a closed loop.

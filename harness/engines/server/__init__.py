@@ -26,7 +26,6 @@ from harness.engines.base import Engine, EngineResult, Options, RunContext, affi
 from harness.errors import UserError
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
-READY_NOTE = "GET {health} answered 200"
 
 
 class ServerEngine(Engine):
@@ -71,7 +70,7 @@ class ServerEngine(Engine):
         request = {"timeout_s": ctx.timeout_s, "health": self.health, "info_paths": list(self.info_paths),
                    "log_patterns": list(self.log_patterns),
                    "model": self.api_model(ctx, opts), "extra": self.extra(opts, g), "gen_len": g,
-                   "load": load.record() | ({"seed": load.seed} if load.rate is not None else {}),
+                   "load": load.record(),
                    "repetitions": [{"warmup_prompts": prompts[0] if i == 0 else [], "prompts": prompts[1 + i]}
                                    for i in range(reps)],
                    "api_key_env": getattr(opts, "api_key_env", None)}
