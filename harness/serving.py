@@ -231,3 +231,70 @@ def usage_check(recs: list[dict[str, Any]], gen_len: int) -> dict[str, Any]:
         if server is None or client != server or server != gen_len:
             bad.append({"i": r["i"], "client_tokens": client, "server_tokens": server, "asked": gen_len})
     return {"mismatches": bad[:20], "n_mismatched": len(bad), "ok": not bad}
+
+
+# ---- the same load sent by a tool no one here wrote: vLLM's serving benchmark ----------------------------------
+
+VLLM_BENCH = "vllm bench serve (vllm.benchmarks.serve.main_async, the installed vLLM's), its dataset the harness's prompts"
+
+
+def run_vllm_bench(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts: list[list[int]],
+                   gen_len: int, tokenizer: str | None) -> dict[str, Any]:
+    """One repetition of the load sent by vLLM's serving benchmark instead of this module's client: the same
+    prompts (its dataset is the harness's token ids, sent as ids), length, concurrency cap, rate, burstiness and
+    seed. Its per-request results (start time, TTFT, each inter-token gap, latency, its output count) become
+    records of run_load's shape, so the serving metrics are computed by the same definitions; its own printed
+    medians are kept beside them (`tool_report`)."""
+    import argparse
+    from vllm.benchmarks import serve as vb
+    from vllm.benchmarks.datasets import SampleRequest
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    if load.arrival == "constant":
+        raise ValueError("vllm bench serve has no constant arrivals (use poisson or gamma)")
+    parser = FlexibleArgumentParser()
+    vb.add_cli_args(parser)
+    argv = ["--backend", "openai", "--base-url", ep.base_url, "--endpoint", "/v1/completions", "--model", ep.model,
+            "--dataset-name", "custom", "--dataset-path", "harness-prompts", "--num-prompts", str(len(prompts)),
+            "--ignore-eos", "--temperature", "0", "--seed", str(load.seed), "--save-detailed", "--disable-tqdm",
+            "--num-warmups", str(len(warmup_prompts)), "--request-rate", str(load.rate or "inf"),
+            "--burstiness", str(load.burstiness if load.arrival == "gamma" else 1.0),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99"]
+    if load.concurrency:
+        argv += ["--max-concurrency", str(load.concurrency)]
+    if ep.extra:
+        argv += ["--extra-body", json.dumps(ep.extra)]
+    argv += ["--tokenizer", tokenizer] if tokenizer else ["--skip-tokenizer-init"]
+    args: argparse.Namespace = parser.parse_args(argv)
+    samples = [SampleRequest(prompt=ids, prompt_len=len(ids), expected_output_len=gen_len) for ids in prompts]
+    real = vb.get_samples
+    vb.get_samples = lambda *_a, **_k: list(samples)  # its dataset: the harness's prompts; all else is vLLM's
+    try:
+        res = vb.main(args)
+    finally:
+        vb.get_samples = real
+    starts = res.get("start_times") or []
+    t0 = min(starts, default=0.0)
+    recs = []
+    for i, ids in enumerate(prompts):
+        err = (res.get("errors") or [""] * len(prompts))[i] or None
+        sent = starts[i] - t0 if i < len(starts) else 0.0
+        ttft, itl = res["ttfts"][i], list(res["itls"][i] or [])
+        chunks = [] if err else [sent + ttft]
+        for gap in ([] if err else itl):
+            chunks.append(chunks[-1] + gap)
+        n_out = res["output_lens"][i]
+        recs.append({"i": i, "warmup": False, "scheduled_s": None, "prompt_tokens": len(ids), "sent_s": sent,
+                     "chunks_s": chunks, "chunk_tokens": [1] * len(chunks), "error": err,
+                     "usage": {"prompt_tokens": res["input_lens"][i], "completion_tokens": n_out,
+                               "counted_by": "vllm bench serve"},
+                     "end_s": sent + (res["latencies"][i] or 0.0)})
+    report = {k: v for k, v in res.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+    # in flight from the records' own send and end times (vLLM's max_concurrent_requests also counts requests
+    # waiting on its concurrency cap)
+    edges = sorted([(r["sent_s"], 1) for r in recs] + [(r["end_s"], -1) for r in recs], key=lambda e: (e[0], e[1]))
+    now = most = 0
+    for _, d in edges:
+        now += d
+        most = max(most, now)
+    return {"warmup_requests": [], "requests": recs, "most_in_flight": most,
+            "tool_report": report, "warmups_sent_by_tool": len(warmup_prompts)}

@@ -67,7 +67,8 @@ def served(tmp_path_factory):
     closed = _run(d, "closed", "{concurrency: 2, requests: 6}", reps=2)
     left_closed = set(_server_pids()) - before
     poisson = _run(d, "poisson", "{rate: 8, arrival: poisson, seed: 1, requests: 10}")
-    return closed, poisson, left_closed, set(_server_pids()) - before
+    vbench = _run(d, "vbench", "{concurrency: 2, requests: 6}", env=", options: {client: vllm-bench}")
+    return closed, poisson, left_closed, set(_server_pids()) - before, vbench
 
 
 def test_a_closed_loop_at_concurrency_2_reads_back_and_passes_check(served):
@@ -112,6 +113,29 @@ def test_a_poisson_rate_is_sent_on_its_schedule_and_its_rate_read_back(served):
     check = a["execution"]["effective"]["schedule"][0]
     assert check["open_loop"] and "late_sends" in check
     assert a["execution"]["effective"]["achieved"][0]["rate_req_s"] == pytest.approx(rate["effective"][0])
+
+
+def test_vllm_bench_serve_sends_the_same_load_and_its_medians_are_ours(served):
+    """The cross-check's client: vLLM's serving benchmark sends the harness's prompts at concurrency 2; its
+    per-request results become records of the same shape, and the metrics computed from them by the harness's
+    definitions equal the medians vLLM prints itself (TTFT, pooled ITL)."""
+    a = served[4]
+    assert a["status"] == "ok", a.get("error")
+    assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
+    eff, s = a["execution"]["effective"], a["execution"]["settings"]
+    assert eff["client"].startswith("vllm bench serve")
+    assert s["load.concurrency"]["effective"] == 2
+    rep = a["serving"]["repetitions"][0]
+    assert len(rep["requests"]) == 6 and rep["most_in_flight"] == 2
+    for r in rep["requests"]:
+        # vLLM times every chunk of the stream: llama-server's last one carries no token, so it may time one more
+        assert r["error"] is None and r["usage"]["completion_tokens"] == 8 <= len(r["chunks_s"]) <= 9
+        assert r["usage"]["prompt_tokens"] == 16  # vLLM sent the harness's ids as ids
+        assert r["sent_s"] < r["chunks_s"][0] <= r["chunks_s"][-1] <= r["end_s"] + 1e-9
+    tool, m = eff["tool_report"][0], a["metrics"]
+    assert tool["completed"] == 6 and tool["failed"] == 0
+    assert m["ttft_p50_s"]["samples"][0] * 1e3 == pytest.approx(tool["median_ttft_ms"], rel=1e-9)
+    assert m["itl_all_p50_s"]["samples"][0] * 1e3 == pytest.approx(tool["median_itl_ms"], rel=1e-9)
 
 
 def test_no_server_is_left_after_the_runs(served):

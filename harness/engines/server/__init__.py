@@ -73,7 +73,8 @@ class ServerEngine(Engine):
                    "load": load.record(),
                    "repetitions": [{"warmup_prompts": prompts[0] if i == 0 else [], "prompts": prompts[1 + i]}
                                    for i in range(reps)],
-                   "api_key_env": getattr(opts, "api_key_env", None)}
+                   "api_key_env": getattr(opts, "api_key_env", None),
+                   "client": opts.client, "tokenizer": self.tokenizer(ctx)}
         if srv is not None:
             request["server"] = {"cmd": srv["cmd"], "env": srv["env"], "log": str(log)}
         else:
@@ -108,13 +109,20 @@ class ServerEngine(Engine):
         if load.rate is not None:
             settings["load.rate"] = setting(load.rate, [x["rate_req_s"] for x in got],
                                             "(sends - 1) / (last send - first send), per repetition")
-        settings["warmups"] = setting(w, len(samples[0]["warmup_requests"]) if samples else 0, "warm-up requests sent")
+        if opts.client == "vllm-bench":
+            settings["warmups"] = setting(w, samples[0].get("warmups_sent_by_tool") if samples else 0,
+                                          "vllm bench serve's --num-warmups, as passed (it reports no count)")
+        else:
+            settings["warmups"] = setting(w, len(samples[0]["warmup_requests"]) if samples else 0,
+                                          "warm-up requests sent")
         effective |= {"load": load.record(), "achieved": got, "schedule": sched, "usage_check": usage,
                       "requests_failed": len(errors), "ready_s": res.get("ready_s"),
                       "client_affinity": res.get("client_affinity"),
                       "metric_definitions": metrics.SERVING_DEFINITIONS_VERSION,
-                      "client": "harness/serving.py (asyncio + aiohttp), stamps each streamed chunk on arrival "
-                                "(time.perf_counter)"}
+                      "client": serving.VLLM_BENCH if opts.client == "vllm-bench" else
+                      "harness/serving.py (asyncio + aiohttp), stamps each streamed chunk on arrival (time.perf_counter)"}
+        if opts.client == "vllm-bench":
+            effective["tool_report"] = [s.get("tool_report") for s in samples]
         serving_block = {"repetitions": samples, "schedule": sched, "usage_check": usage,
                          "server_log_tail": res.get("log_tail")}
         status, error = "ok", None
@@ -136,10 +144,26 @@ class ServerEngine(Engine):
     def engine_info_for(self, opts: Any) -> dict[str, Any]:
         return self.engine_info()
 
+    def tokenizer(self, ctx: RunContext) -> str | None:
+        """The model's Hugging Face directory, for a client that counts tokens itself (vllm bench serve)."""
+        for form in ("hf-fp32", "hf-bf16"):
+            try:
+                p = models.form_path(ctx.model, form)
+            except Exception:
+                continue
+            if p.is_dir():
+                return str(p)
+        return None
+
 
 # ---- llama-server -------------------------------------------------------------------------------------------
 
-class LlamaServerOptions(Options):
+class ServerOptions(Options):
+    # who sends the load: this harness's client, or vLLM's serving benchmark (the cross-check, docs/serving.md)
+    client: Literal["harness", "vllm-bench"] = "harness"
+
+
+class LlamaServerOptions(ServerOptions):
     parallel: Annotated[int, Field(ge=1, le=256)] | None = None  # slots; default: the load's concurrency, else 4
     n_batch: Annotated[int, Field(ge=1)] | None = None
     n_ubatch: Annotated[int, Field(ge=1)] | None = None
@@ -230,7 +254,7 @@ class LlamaServer(ServerEngine):
 
 # ---- vLLM's OpenAI server, with the patched runtime ----------------------------------------------------------
 
-class VllmServerOptions(Options):
+class VllmServerOptions(ServerOptions):
     dtype: Literal["float32", "bfloat16"] | None = None  # default: the form's
     eager: bool = True
     max_num_seqs: Annotated[int, Field(ge=1)] | None = None  # default: the load's concurrency, else 4
@@ -344,7 +368,7 @@ class VllmServer(ServerEngine):
 
 # ---- an endpoint the harness does not start ---------------------------------------------------------------
 
-class OpenAiOptions(Options):
+class OpenAiOptions(ServerOptions):
     url: str = Field(pattern=r"^https?://[^\s]+$", description="base URL, e.g. http://127.0.0.1:8000")
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     served_model: str | None = None  # the `model` field requests carry (default: the grid's model name)

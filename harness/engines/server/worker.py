@@ -154,7 +154,11 @@ def main(req_path: str, out_path: str) -> int:
                               timeout_s=max(1.0, deadline - time.time()))
         reps = []
         for i, rep in enumerate(req["repetitions"]):
-            reps.append(serving.run_load(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"])))
+            if req.get("client") == "vllm-bench":
+                reps.append(serving.run_vllm_bench(ep, load, rep["prompts"], rep["warmup_prompts"],
+                                                   int(req["gen_len"]), req.get("tokenizer")))
+            else:
+                reps.append(serving.run_load(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"])))
             if time.time() > deadline:
                 result["error"] = f"the run's time ran out after {i + 1} of {len(req['repetitions'])} repetitions"
                 result["status"] = "timeout"
