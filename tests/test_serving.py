@@ -256,3 +256,12 @@ def test_the_load_curve_joins_each_arms_points_in_the_order_of_the_load():
     assert analysis.load_of("batch=1,rate=2.5") == ("rate", 2.5) and analysis.load_of("batch=1,threads=2") is None
     one = {**sec, "tables": [rows("serve_output_tok_s", {("a", 1): 1.0}), rows("ttft_p90_s", {("a", 1): 0.1})]}
     assert not any(n.endswith("-load.png") for n in report.plot_names(one))  # one point is no curve
+
+
+def test_a_goodput_of_zero_gives_no_ratio_and_no_p_value_not_nan():
+    """0 / 0 (every request missed the SLO in both arms) has no ratio: the page says so, it prints no 'nan'."""
+    from harness import report, stats
+    c = stats.compare([0.0, 0.0, 0.0], [0.0, 0.5, 0.0])
+    text = report._ratio_text(c)
+    assert text.startswith("no ratio") and "nan" not in text
+    assert report._ratio_text(stats.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])) .startswith("1.000")
