@@ -69,7 +69,7 @@ def _status_counts(arts: list) -> str:
 
 
 def _ratio_text(c: stats.Comparison) -> str:
-    if stats.NOT_FINITE in c.warnings:  # a zero (a goodput of 0) or a non-finite value in a pair: no ratio at all
+    if not c.has_ratio:  # a zero (a goodput of 0) or a non-finite value in a pair: no ratio at all
         return "no ratio: a value of a pair is zero or not finite"
     if not c.has_interval:
         return f"{c.ratio:.3f} (n={c.n_pairs}: no interval at {stats.level_text(c.level)})"
@@ -92,7 +92,7 @@ def _row_dict(r: analysis.Row) -> dict:
     if c is not None:
         d["ratio"] = _ratio_text(c) + (" (exploratory, 95%)" if r.role == "exploratory" else "")
         d["ratio_value"], d["p_raw"] = c.ratio, c.p_value
-        d["p"] = ("" if stats.NOT_FINITE in c.warnings else f"{c.p_adjusted:.3g}" if r.role == "family"
+        d["p"] = ("" if not c.has_ratio else f"{c.p_adjusted:.3g}" if r.role == "family"
                   else f"{c.p_value:.3g} (unadjusted)")
         if c.has_interval:
             d["ci"] = (c.ci_low, c.ci_high)

@@ -144,6 +144,11 @@ class Comparison:
     def has_interval(self) -> bool:
         return self.ci_low is not None
 
+    @property
+    def has_ratio(self) -> bool:
+        """False when a value of a pair is zero or not finite (a goodput of 0 in both arms): no ratio exists."""
+        return NOT_FINITE not in self.warnings and NOT_FINITE_UNPAIRED not in self.warnings
+
     # Backwards-compatible names
     @property
     def ratio_median(self) -> float:
