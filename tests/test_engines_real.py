@@ -2,8 +2,10 @@
 
 One grid (a module fixture) runs each engine setting the tests need once, and every test asserts on its
 artifacts: a vLLM start costs tens of seconds on 2 cores, so no two vLLM runs do the same job. Plain vLLM runs
-at batch 2 only (its read-back holds at any batch; vLLM at batch 1 runs in vllm-cpu0 and vllm-decode), and
-vLLM's step attribution is read from vllm-decode, whose patches include step-attribution."""
+at batch 2 only (its read-back holds at any batch). vllm-decode runs at batch 1 with every patched setting the
+tests read, each patch independent of the others: the decode candidates and step attribution, one thread bound
+to CPU 0, an explicit KV budget beside the legacy VLLM_CPU_KVCACHE_SPACE (test_runtime starts stock vLLM with
+the same settings, and shows stock losing the last two)."""
 
 import json
 import subprocess
@@ -25,9 +27,9 @@ arms:
   - {name: vllm, engine: vllm, form: hf-fp32}
   - {name: llama-bench, engine: llama-bench, form: gguf-f32}
   - {name: llama.cpp-cpu0, engine: llama.cpp, form: gguf-f32, threads: 1, cpus: [0]}
-  - {name: vllm-cpu0, engine: vllm, form: hf-fp32, threads: 1, cpus: [0], options: {kv_cache_memory_bytes: 2000000}}
   - {name: llama.cpp-steps, engine: llama.cpp, form: gguf-f32, options: {attribution: true}}
-  - {name: vllm-decode, engine: vllm, form: hf-fp32, patches: [all, decode-gemv, cpu-norm-kernels, step-attribution]}
+  - {name: vllm-decode, engine: vllm, form: hf-fp32, patches: [all, decode-gemv, cpu-norm-kernels, step-attribution],
+     threads: 1, cpus: [0], options: {kv_cache_memory_bytes: 2000000}, env: {VLLM_CPU_KVCACHE_SPACE: "1"}}
 workload: {prompt_len: 32, context_len: 256, gen_len: 8}
 axes: {batch: [1, 2]}
 exclude:
@@ -36,7 +38,6 @@ exclude:
   - {arm: vllm-decode, batch: 2}
   - {arm: llama-bench, batch: 2}
   - {arm: llama.cpp-cpu0, batch: 2}
-  - {arm: vllm-cpu0, batch: 2}
 threads: 2
 passes: 1
 repetitions: 2
@@ -67,7 +68,7 @@ def test_engines_ran_for_real_and_pass_check(tiny_store):
     arts = _arts(store) | {f"{k}@2": v for k, v in _arts(store, 2).items()}
     assert s.failed == 0, [a.get("error") for a in arts.values()]
     assert sorted(arts) == ["llama-bench", "llama.cpp", "llama.cpp-cpu0", "llama.cpp-steps", "llama.cpp@2",
-                            "vllm-cpu0", "vllm-decode", "vllm@2"]
+                            "vllm-decode", "vllm@2"]
     for arm, a in arts.items():
         assert a["status"] == "ok"
         problems = [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p]
@@ -106,7 +107,7 @@ def test_batch_2_reads_back_2_concurrent_requests(tiny_store):
 
 def test_cpus_read_back_from_the_engine_process(tiny_store):
     arts = _arts(tiny_store[1])
-    for arm in ("llama.cpp-cpu0", "vllm-cpu0"):
+    for arm in ("llama.cpp-cpu0", "vllm-decode"):
         a = arts[arm]
         assert a["execution"]["settings"]["cpus"]["requested"] == [0]
         assert a["execution"]["settings"]["cpus"]["effective"] == [0]
@@ -248,3 +249,12 @@ def test_decode_patches_applied_and_read_back(tiny_store):
     plain = {p["name"]: p for p in _arts(tiny_store[1], 2)["vllm"]["engine"]["patches"]}
     assert not plain["decode-gemv"]["applied"] and not plain["cpu-norm-kernels"]["applied"]
     assert a["metrics"]["decode_tok_s"]["samples"] and min(a["metrics"]["decode_tok_s"]["samples"]) > 0
+
+
+def test_explicit_kv_kept_beside_the_legacy_env(tiny_store):
+    """The patched half of test_runtime's legacy_env_one_cpu: an explicit kv_cache_memory_bytes survives
+    VLLM_CPU_KVCACHE_SPACE (stock lets the env overwrite it with 1 GiB, which the override records)."""
+    a = _arts(tiny_store[1])["vllm-decode"]
+    assert a["execution"]["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert a["execution"]["effective"]["kv_cache_memory_bytes"] == 2000000
+    assert a["engine"]["overrides"]["explicit-kv-wins"]["overwritten_by_stock"] == 1 << 30

@@ -74,30 +74,27 @@ def _worker(tmp_path, mode, extra_env=None, **cfg):
     return res
 
 
-EXPLICIT_KV = 1024 * 384
+EXPLICIT_KV = 2000000  # test_engines_real's vllm-decode arm: the same settings, patched
 
 
 @pytest.fixture(scope="module")
 def legacy_env_one_cpu(tmp_path_factory):
-    """Stock and patched once each, with two settings stock loses: an explicit kv_cache_memory_bytes beside the
-    legacy VLLM_CPU_KVCACHE_SPACE, and one thread bound to CPU 0. The patches are independent (one rewrites the
-    KV budget in the platform's config hook, the other sets torch's threads in the general plugin), so one pair
-    of vLLM starts shows both; an explicit KV budget also keeps stock off its default node fraction (that is
-    test_stock_at_defaults_asks_for_a_fraction_of_the_node)."""
+    """Stock vLLM with two settings it loses: an explicit kv_cache_memory_bytes beside the legacy
+    VLLM_CPU_KVCACHE_SPACE, and one thread bound to CPU 0 (an explicit KV budget also keeps stock off its default
+    node fraction: that is test_stock_at_defaults_asks_for_a_fraction_of_the_node). The patched runtime keeps
+    each in a run that starts vLLM for other checks (the patches are independent of each other): the explicit KV
+    in test_engines_real's vllm-decode arm, the bound thread in the patched run of defaults_beside_held_memory."""
     d = tmp_path_factory.mktemp("legacy-env-one-cpu")
-    legacy = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-    settings = dict(threads=1, cpus=[0], kv_cache_memory_bytes=EXPLICIT_KV)
-    return _worker(d, "none", legacy, **settings), _worker(d, "all", legacy, **settings)
+    return _worker(d, "none", {"VLLM_CPU_KVCACHE_SPACE": "1"}, threads=1, cpus=[0], kv_cache_memory_bytes=EXPLICIT_KV)
 
 
 @pytest.mark.engines
-def test_explicit_kv_survives_legacy_env(legacy_env_one_cpu):
-    """Stock lets VLLM_CPU_KVCACHE_SPACE overwrite an explicit kv_cache_memory_bytes; patched keeps it."""
-    stock, patched = legacy_env_one_cpu
-    assert stock["status"] == patched["status"] == "ok", (stock.get("error"), patched.get("error"))
+def test_stock_lets_the_legacy_env_overwrite_an_explicit_kv(legacy_env_one_cpu):
+    """Stock lets VLLM_CPU_KVCACHE_SPACE overwrite an explicit kv_cache_memory_bytes (patched keeps it:
+    test_engines_real's test_explicit_kv_kept_beside_the_legacy_env)."""
+    stock = legacy_env_one_cpu
+    assert stock["status"] == "ok", stock.get("error")
     assert stock["effective"]["kv_cache_memory_bytes"] == 1 << 30  # the setting silently lost
-    assert patched["effective"]["kv_cache_memory_bytes"] == EXPLICIT_KV
-    assert patched["overrides"]["explicit-kv-wins"]["overwritten_by_stock"] == 1 << 30
 
 
 def test_dtype_auto_follows_isa():
@@ -115,14 +112,11 @@ def test_dtype_auto_follows_isa():
 
 
 @pytest.mark.engines
-def test_one_thread_requested_one_thread_used(legacy_env_one_cpu):
-    """In-process, stock vLLM ignores the bind list (as many torch threads as CPUs for a 1-CPU list); patched
-    follows it."""
-    stock, patched = legacy_env_one_cpu
-    assert stock["status"] == patched["status"] == "ok", (stock.get("error"), patched.get("error"))
-    assert patched["effective"]["torch_threads"] == 1
-    assert patched["effective"]["cpu_affinity"] == [0]
-    assert patched["overrides"]["threads-follow-bind"]["effective"]["torch_threads"] == 1
+def test_stock_ignores_a_one_cpu_bind_list(legacy_env_one_cpu):
+    """In-process, stock vLLM ignores the bind list: as many torch threads as CPUs for a 1-CPU list (patched
+    follows it: test_patched_at_defaults_sizes_kv_from_the_geometry_and_follows_the_bind_list)."""
+    stock = legacy_env_one_cpu
+    assert stock["status"] == "ok", stock.get("error")
     if (os.cpu_count() or 1) < 2:
         pytest.skip(f"stock's torch threads equal the CPU count ({os.cpu_count()}), which is the 1 requested here: "
                     "the defect needs 2 or more CPUs to show")
@@ -205,7 +199,9 @@ def defaults_beside_held_memory(tmp_path_factory):
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(hold)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
-        return {"total": total, "stock": _worker(d, "none"), "patched": _worker(d, "all")}
+        # the patched run is also bound to one CPU (stock's refusal comes before threads matter): the
+        # threads-follow-bind evidence beside test_stock_ignores_a_one_cpu_bind_list, without a start of its own
+        return {"total": total, "stock": _worker(d, "none"), "patched": _worker(d, "all", threads=1, cpus=[0])}
     finally:
         holder.kill()
         holder.wait()
@@ -227,10 +223,13 @@ def test_stock_at_defaults_asks_for_a_fraction_of_the_node(defaults_beside_held_
 
 
 @pytest.mark.engines
-def test_patched_at_defaults_sizes_kv_from_the_geometry(defaults_beside_held_memory):
-    """Beside the same held memory, the patched runtime starts: it asks for the KV the context needs."""
+def test_patched_at_defaults_sizes_kv_from_the_geometry_and_follows_the_bind_list(defaults_beside_held_memory):
+    """Beside the same held memory, the patched runtime starts: it asks for the KV the context needs. Asked for
+    one thread bound to CPU 0, it runs one torch thread on CPU 0."""
     patched = defaults_beside_held_memory["patched"]
     assert patched["status"] == "ok", patched.get("error")
+    assert patched["effective"]["torch_threads"] == 1 and patched["effective"]["cpu_affinity"] == [0]
+    assert patched["overrides"]["threads-follow-bind"]["effective"]["torch_threads"] == 1
     assert patched["effective"]["platform"] == "EdgeCpuPlatform"
     assert patched["effective"]["kv_tokens"] == 256  # ceil(64/128)=1 block + the null block, 128 tokens each
     assert patched["overrides"]["kv-budget-from-geometry"]["effective"] == 1024 * 256
