@@ -70,8 +70,10 @@ demo: setup
 	@$(HARNESS) report --store .demo/artifacts --store .demo/baselines --verdict quickstart
 
 # Workers, a test module on one (its shared engine runs stay shared; tests/conftest.py groups them), the modules
-# that run real engines first; the workers' engine runs still take turns on the machine's measuring lock.
-TEST_WORKERS ?= 2
+# that run real engines first; the workers' engine runs still take turns on the machine's measuring lock. One
+# worker more than the CPUs (at most 8): a worker waiting on a process, a server or a lock leaves its CPU to the
+# others.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
 # The ISA-capped llama.cpp builds the hardware-emulation tests run (minutes cold, cached after) are made first:
 # inside a test's run they were built under the measuring lock while the other worker's engine tests waited.
 test: setup

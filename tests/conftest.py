@@ -118,7 +118,7 @@ def _models_of_this_test_only(tmp_path_factory, monkeypatch):
 
 # Modules whose tests set the memory this machine has available (a held block, an emulated class's balloon): one
 # at a time, so that neither sees the other's (`make test` runs them in one group of its workers).
-MEMORY_GROUP = ("test_emulation_real", "test_runtime")
+MEMORY_GROUP = ("test_emulation_real", "test_runtime_memory")
 
 
 def pytest_xdist_make_scheduler(config, log):

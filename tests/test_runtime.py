@@ -1,15 +1,11 @@
 """The patched runtime: each patch has a detector, a manifest entry, and stock-vs-patched evidence."""
 
-import json
 import os
-import re
-import subprocess
-import sys
 
 import pytest
 
-from harness import models
 from runtime import patches
+from runtime_worker import worker as _worker
 
 SMOL = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
 
@@ -54,26 +50,6 @@ def test_every_patch_has_detector_and_manifest_entry(vllm_process):
         assert len(m["source_sha256"]) == 64 and m["extension_point"].startswith("vllm.")
 
 
-def _worker(tmp_path, mode, extra_env=None, **cfg):
-    model_dir = models.form_path("tiny-llama", "hf-fp32")
-    c = {"model_dir": str(model_dir), "threads": 2, "prompt_len": 16, "gen_len": 4, "context_len": 64,
-         "repetitions": 1, "warmups": 0, **cfg}
-    from harness.metrics import request_prompts
-    c["prompts"] = request_prompts("tiny-llama", c["prompt_len"], 1, c["warmups"] + c["repetitions"])
-    (tmp_path / f"{mode}.json").write_text(json.dumps(c))
-    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_NUM_THREADS"}
-    env.update({"EDGE_HARNESS_PATCHES": mode, **(extra_env or {})})
-    r = subprocess.run([sys.executable, "-m", "runtime.worker", str(tmp_path / f"{mode}.json"),
-                        str(tmp_path / f"{mode}-out.json")], env=env, capture_output=True, timeout=600)
-    out = tmp_path / f"{mode}-out.json"
-    if not out.exists():  # stock at default settings can be killed for memory before it reports
-        return {"status": "failed", "error": f"worker exited {r.returncode} without a result "
-                f"({'killed: out of memory?' if r.returncode in (-9, 137) else r.stderr[-300:]!r})"}
-    res = json.loads(out.read_text())
-    out.unlink()
-    return res
-
-
 EXPLICIT_KV = 2000000  # test_engines_real's vllm-decode arm: the same settings, patched
 
 
@@ -81,9 +57,9 @@ EXPLICIT_KV = 2000000  # test_engines_real's vllm-decode arm: the same settings,
 def legacy_env_one_cpu(tmp_path_factory):
     """Stock vLLM with two settings it loses: an explicit kv_cache_memory_bytes beside the legacy
     VLLM_CPU_KVCACHE_SPACE, and one thread bound to CPU 0 (an explicit KV budget also keeps stock off its default
-    node fraction: that is test_stock_at_defaults_asks_for_a_fraction_of_the_node). The patched runtime keeps
+    node fraction: that is test_runtime_memory). The patched runtime keeps
     each in a run that starts vLLM for other checks (the patches are independent of each other): the explicit KV
-    in test_engines_real's vllm-decode arm, the bound thread in the patched run of defaults_beside_held_memory."""
+    in test_engines_real's vllm-decode arm, the bound thread in test_runtime_memory's patched run."""
     d = tmp_path_factory.mktemp("legacy-env-one-cpu")
     return _worker(d, "none", {"VLLM_CPU_KVCACHE_SPACE": "1"}, threads=1, cpus=[0], kv_cache_memory_bytes=EXPLICIT_KV)
 
@@ -114,7 +90,7 @@ def test_dtype_auto_follows_isa():
 @pytest.mark.engines
 def test_stock_ignores_a_one_cpu_bind_list(legacy_env_one_cpu):
     """In-process, stock vLLM ignores the bind list: as many torch threads as CPUs for a 1-CPU list (patched
-    follows it: test_patched_at_defaults_sizes_kv_from_the_geometry_and_follows_the_bind_list)."""
+    follows it: test_runtime_memory.test_patched_at_defaults_sizes_kv_from_the_geometry_and_follows_the_bind_list)."""
     stock = legacy_env_one_cpu
     assert stock["status"] == "ok", stock.get("error")
     if (os.cpu_count() or 1) < 2:
@@ -169,70 +145,6 @@ def test_compiled_worker_loads_the_cache_it_saved(tmp_path):
     assert second["overrides"]["aot-cache-load"]["made_whole"] == 1
     man = {m["name"]: m for m in second["patches"]}
     assert man["aot-cache-load"]["applied"] and man["aot-cache-load"]["detector"]["defective"] is True
-
-
-_NODE_INFO = ("import json; from vllm.utils.cpu_resource_utils import get_memory_node_info as g; m = g(0); "
-              "print(json.dumps([m.total_memory, m.available_memory]))")
-_HOLD = ("import sys, time; n = int(sys.argv[1]); b = bytearray(n); b[::4096] = b'\\x01' * len(range(0, n, 4096)); "
-         "print('ready', flush=True); time.sleep(900)")
-
-
-# vLLM's refusal: "Available memory on node 0 (A/T GiB) on startup is less than desired CPU memory utilization
-# (F, R GiB)", each GiB figure rounded to 2 decimals
-_REFUSAL = re.compile(r"\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired CPU memory utilization "
-                      r"\(([\d.]+), ([\d.]+) GiB\)")
-LEAVE = 0.80  # at most this fraction of the node's memory left available while stock and patched start
-
-
-@pytest.fixture(scope="module")
-def defaults_beside_held_memory(tmp_path_factory):
-    """Stock and patched at default settings, each once, while another process holds memory so that at most
-    LEAVE x the node's total is available. Stock wants 0.92 x the total free: its outcome is then known in
-    advance (a refusal) whatever the machine had free, instead of depending on it."""
-    r = subprocess.run([sys.executable, "-c", _NODE_INFO], capture_output=True, text=True, timeout=300, check=True)
-    total, available = json.loads(r.stdout.strip().splitlines()[-1])
-    hold = max(0, available - int(LEAVE * total)) + (256 << 20)
-    if hold > available - (3 << 30):
-        pytest.skip(f"node 0 has {available >> 20} of {total >> 20} MiB available: holding {hold >> 20} MiB "
-                    f"(to leave at most {LEAVE} x its total) would leave under 3 GiB for the engine")
-    d = tmp_path_factory.mktemp("defaults")
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(hold)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "ready"
-        # the patched run is also bound to one CPU (stock's refusal comes before threads matter): the
-        # threads-follow-bind evidence beside test_stock_ignores_a_one_cpu_bind_list, without a start of its own
-        return {"total": total, "stock": _worker(d, "none"), "patched": _worker(d, "all", threads=1, cpus=[0])}
-    finally:
-        holder.kill()
-        holder.wait()
-
-
-@pytest.mark.engines
-def test_stock_at_defaults_asks_for_a_fraction_of_the_node(defaults_beside_held_memory):
-    """Stock at default settings sizes its memory as a fraction of NUMA node 0's total, whatever the context
-    (64 tokens here): with others using memory (any real machine) it refuses to start."""
-    stock, total = defaults_beside_held_memory["stock"], defaults_beside_held_memory["total"]
-    assert stock["status"] == "failed", "stock started with at most 0.8 x the node's memory available"
-    m = _REFUSAL.search(stock["error"])
-    assert m, stock["error"]
-    available_gib, total_gib, fraction, wanted_gib = map(float, m.groups())
-    assert abs(total_gib - total / (1 << 30)) <= 0.01  # the node's total, as measured before the holder started
-    assert fraction > LEAVE and abs(wanted_gib - fraction * total_gib) <= 0.02
-    assert available_gib < wanted_gib
-    assert wanted_gib * (1 << 30) > 1000 * 1024 * 256  # the 64-token context needs 256 KiB (the patched budget)
-
-
-@pytest.mark.engines
-def test_patched_at_defaults_sizes_kv_from_the_geometry_and_follows_the_bind_list(defaults_beside_held_memory):
-    """Beside the same held memory, the patched runtime starts: it asks for the KV the context needs. Asked for
-    one thread bound to CPU 0, it runs one torch thread on CPU 0."""
-    patched = defaults_beside_held_memory["patched"]
-    assert patched["status"] == "ok", patched.get("error")
-    assert patched["effective"]["torch_threads"] == 1 and patched["effective"]["cpu_affinity"] == [0]
-    assert patched["overrides"]["threads-follow-bind"]["effective"]["torch_threads"] == 1
-    assert patched["effective"]["platform"] == "EdgeCpuPlatform"
-    assert patched["effective"]["kv_tokens"] == 256  # ceil(64/128)=1 block + the null block, 128 tokens each
-    assert patched["overrides"]["kv-budget-from-geometry"]["effective"] == 1024 * 256
 
 
 def test_auto_core_and_eager_take_the_least_measured_cost():
