@@ -235,7 +235,16 @@ def usage_check(recs: list[dict[str, Any]], gen_len: int) -> dict[str, Any]:
 
 # ---- the same load sent by a tool no one here wrote: vLLM's serving benchmark ----------------------------------
 
-VLLM_BENCH = "vllm bench serve (vllm.benchmarks.serve.main_async, the installed vLLM's), its dataset the harness's prompts"
+VLLM_BENCH = ("vllm bench serve (vllm.benchmarks.serve.main_async, the installed vLLM's), its dataset the harness's "
+              "prompts, one connection per request (its aiohttp connector with force_close, as the harness's client)")
+
+
+def _one_request_per_connection(connector: type) -> type:
+    class OneRequestPerConnection(connector):  # type: ignore[misc, valid-type]
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            kw.pop("keepalive_timeout", None)  # aiohttp refuses a keep-alive timeout beside force_close
+            super().__init__(*a, **{**kw, "force_close": True})
+    return OneRequestPerConnection
 
 
 def run_vllm_bench(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts: list[list[int]],
@@ -266,12 +275,16 @@ def run_vllm_bench(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_pr
     argv += ["--tokenizer", tokenizer] if tokenizer else ["--skip-tokenizer-init"]
     args: argparse.Namespace = parser.parse_args(argv)
     samples = [SampleRequest(prompt=ids, prompt_len=len(ids), expected_output_len=gen_len) for ids in prompts]
-    real = vb.get_samples
+    real, connector = vb.get_samples, vb.aiohttp.TCPConnector
     vb.get_samples = lambda *_a, **_k: list(samples)  # its dataset: the harness's prompts; all else is vLLM's
+    # but its connections: vLLM pools keep-alive connections, and a server that closes one it holds idle
+    # (llama-server does) fails the request sent on it ("Server disconnected", "Can not write request body": 1 of
+    # 16 requests in the first cross-check series, 1 of 6 in a test); one connection per request, as this module's
+    vb.aiohttp.TCPConnector = _one_request_per_connection(connector)
     try:
         res = vb.main(args)
     finally:
-        vb.get_samples = real
+        vb.get_samples, vb.aiohttp.TCPConnector = real, connector
     starts = res.get("start_times") or []
     t0 = min(starts, default=0.0)
     recs = []

@@ -265,3 +265,22 @@ def test_a_goodput_of_zero_gives_no_ratio_and_no_p_value_not_nan():
     text = report._ratio_text(c)
     assert text.startswith("no ratio") and "nan" not in text
     assert report._ratio_text(stats.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])) .startswith("1.000")
+
+
+def test_vllm_bench_client_gets_one_connection_per_request():
+    """vLLM's serving benchmark pools keep-alive connections (keepalive_timeout=60, force_close=False); the
+    connector the harness hands it closes each one after its request, as the harness's own client does."""
+    import asyncio
+
+    import aiohttp
+
+    from harness.serving import _one_request_per_connection
+
+    async def make():
+        c = _one_request_per_connection(aiohttp.TCPConnector)(limit=2, keepalive_timeout=60, force_close=False)
+        try:
+            return c.force_close, c.limit
+        finally:
+            await c.close()
+    assert asyncio.run(make()) == (True, 2)
+    assert isinstance(aiohttp.TCPConnector, type) and aiohttp.TCPConnector.__name__ == "TCPConnector"
