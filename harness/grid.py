@@ -707,6 +707,10 @@ def _validate_load(spec: GridSpec) -> None:
         if other:
             raise _err(spec.path, f"arms[{other[0]}].engine", f"{spec.arm(other[0]).engine} runs no load "
                        "(workload.load is for server engines)", "use llama-server or openai, or drop workload.load")
+        bench = [a.name for a in spec.arms if a.options.get("client") == "vllm-bench"]
+        if bench and spec.load["arrival"] == "constant":
+            raise _err(spec.path, "workload.load.arrival", f"constant arrivals cannot be sent by vllm bench serve "
+                       f"(arm {bench[0]!r}'s options.client)", "use arrival: poisson or gamma, or client: harness")
         conc = spec.axes.get("concurrency") or [spec.fixed.get("concurrency", 1)]
         if max(conc) > spec.load["requests"]:
             raise _err(spec.path, "workload.load.requests", f"{spec.load['requests']} requests cannot keep "

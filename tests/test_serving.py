@@ -220,6 +220,13 @@ def test_the_load_is_validated_in_one_line(write_grid, cli):
     g = write_grid(base.replace("LOAD", "load: {concurrency: 1, requests: 4}").replace("llama-server", "llama.cpp"))
     rc, out, err = cli("plan", g)
     assert rc == 2 and "arms[a].engine: llama.cpp runs no load" in err
+    # vLLM's serving benchmark has Poisson and gamma arrivals only: refused at plan, not failed at run
+    bench = base.replace("engine: llama-server}", "engine: llama-server, options: {client: vllm-bench}}")
+    rc, out, err = cli("plan", write_grid(bench.replace("LOAD", "load: {rate: 2, arrival: constant, requests: 4}")))
+    assert rc == 2 and "workload.load.arrival: constant arrivals cannot be sent by vllm bench serve" in err, err
+    ok = bench.replace("LOAD", "load: {rate: 2, arrival: poisson, requests: 4}").replace("context_len: 64", "context_len: 256")
+    rc, out, err = cli("plan", write_grid(ok))
+    assert rc == 0, err
 
 
 def test_an_unreachable_openai_url_is_one_line_at_start_and_nothing_is_stored(write_grid, cli, tmp_path):
