@@ -146,12 +146,12 @@ class ServerEngine(Engine):
 
     def tokenizer(self, ctx: RunContext) -> str | None:
         """The model's Hugging Face directory, for a client that counts tokens itself (vllm bench serve)."""
+        try:
+            forms = models.load_manifest(ctx.model)["forms"]
+        except UserError:  # an external endpoint's model need not be prepared here
+            return None
         for form in ("hf-fp32", "hf-bf16"):
-            try:
-                p = models.form_path(ctx.model, form)
-            except Exception:
-                continue
-            if p.is_dir():
+            if form in forms and (p := models.form_path(ctx.model, form)).is_dir():
                 return str(p)
         return None
 
