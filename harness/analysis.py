@@ -597,21 +597,26 @@ def speed_of(newest: Newest, host: str, engine: str, form: str, threads: int,
 LOAD_LATENCIES = ("ttft_p90_s", "tpot_p90_s", "e2e_p90_s")
 
 
-def load_of(cell: str) -> tuple[str, float] | None:
-    """A serving cell's load ('concurrency' or 'rate', its value), from the cell id; None for other cells."""
+def load_of(cell: str) -> tuple[str, float, str] | None:
+    """A serving cell's load ('concurrency', 'rate' or 'rate sweep'; where it lies, as a number that grows with
+    the load; its label), from the cell id; None for other cells."""
+    from harness import sweep
     params = dict(kv.split("=", 1) for kv in cell.split(",") if "=" in kv)
+    if sweep.is_point(params.get("rate")):
+        return "rate sweep", sweep.order(params["rate"]), sweep.label(params["rate"])
     for k in ("rate", "concurrency"):
         if k in params:
             try:
-                return k, float(params[k])
+                v = float(params[k])
             except ValueError:
                 return None
+            return k, v, f"{v:g}"
     return None
 
 
-def load_points(section: dict) -> dict[str, dict[str, list[tuple[float, float, float]]]]:
-    """latency metric -> arm -> [(load value, output tok/s median, latency median)], by load: the curve of each
-    arm's latency against its throughput as the load grows (a serving grid's cells)."""
+def load_points(section: dict) -> dict[str, dict[str, list[tuple[float, float, float, str]]]]:
+    """latency metric -> arm -> [(load, output tok/s median, latency median, the load's label)], by load: the
+    curve of each arm's latency against its throughput as the load grows (a serving grid's cells)."""
     med = {(t["metric"], r["arm"], r["cell"]): r["median_value"] for t in section["tables"] for r in t["rows"]}
     out: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
     for (metric, arm, cell), tput in sorted(med.items()):
@@ -620,8 +625,81 @@ def load_points(section: dict) -> dict[str, dict[str, list[tuple[float, float, f
         for lat in LOAD_LATENCIES:
             y = med.get((lat, arm, cell))
             if y is not None and tput is not None:
-                out.setdefault(lat, {}).setdefault(arm, []).append((load_of(cell)[1], tput, y))
+                _, at, label = load_of(cell)  # type: ignore[misc]
+                out.setdefault(lat, {}).setdefault(arm, []).append((at, tput, y, label))
     for by_arm in out.values():
         for pts in by_arm.values():
             pts.sort()
     return out
+
+
+# ---- a rate sweep: the highest rate each arm served within the SLO (harness/sweep.py) ------------------------
+
+@dataclass(frozen=True)
+class CapacityRow:
+    cell: str  # the sweep's other parameters (its cells less the rate)
+    arm: str
+    values: tuple[float, ...]  # per pass with every point of the arm stored ok: its highest rate meeting the SLO
+    median_ci: tuple[float, float] | None  # exact 95% order-statistic interval of the median over passes
+    vs_baseline: stats.Comparison | None  # paired by pass, its own 95% interval (outside the grid's family)
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.values))
+
+
+@dataclass(frozen=True)
+class SweepRate:
+    cell: str
+    point: str
+    label: str
+    median_req_s: float  # the resolved rate, median over passes
+    n: int
+
+
+@dataclass(frozen=True)
+class SweepView:
+    share: float
+    slo: dict[str, float]
+    rows: list[CapacityRow]
+    rates: list[SweepRate]
+
+
+def _rest(a: Any) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(a.grid.cell_params.items()) if k != "rate")
+
+
+def sweep_view(series: list, baseline: str) -> SweepView | None:
+    """A series' rate sweep: each arm's highest rate meeting the SLO per pass, its median with an interval, the
+    paired ratio to the baseline arm; and the rate each point was sent at. None: no sweep (or no SLO)."""
+    from harness import sweep
+    arts = [a for a in series if sweep.is_point(a.grid.cell_params.get("rate"))]
+    slo = next((a.workload.slo for a in arts if a.workload.slo), None)
+    if not arts or not slo:
+        return None
+    share = float(slo.get("share", sweep.DEFAULT_SHARE))
+    rows, rates = [], []
+    groups: dict[str, list] = defaultdict(list)
+    for a in arts:
+        groups[_rest(a)].append(a)
+    for rest, mine in sorted(groups.items()):
+        cap = sweep.capacity(mine, share)
+        base = cap.get(baseline, {})
+        for arm, by_pass in sorted(cap.items()):
+            vals = tuple(v for _, v in sorted(by_pass.items()))
+            common = sorted(set(by_pass) & set(base))
+            vs = stats.compare([by_pass[p] for p in common], [base[p] for p in common], power=False) \
+                if arm != baseline and common else None
+            rows.append(CapacityRow(cell=rest, arm=arm, values=vals, median_ci=stats.order_statistic_ci(
+                np.asarray(vals, float)), vs_baseline=vs))
+        by_point: dict[str, list[float]] = defaultdict(list)
+        seen: set[tuple[str, int]] = set()
+        for a in mine:
+            r = (a.workload.load or {}).get("sweep", {}).get("rate_req_s")
+            point = a.grid.cell_params["rate"]
+            if a.status == "ok" and r is not None and (point, a.grid.pass_index) not in seen:  # one per pass
+                seen.add((point, a.grid.pass_index))
+                by_point[point].append(float(r))
+        rates += [SweepRate(cell=rest, point=p, label=sweep.label(p), median_req_s=float(np.median(v)), n=len(v))
+                  for p, v in sorted(by_point.items(), key=lambda kv: sweep.order(kv[0]))]
+    return SweepView(share=share, slo={k: v for k, v in slo.items() if k != "share"}, rows=rows, rates=rates)

@@ -20,7 +20,7 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
@@ -407,11 +407,15 @@ class _Loop:
             raise
 
     def one(self, m: Machine, r: RunSpec, i: int, n: int) -> bool:
+        from harness import sweep
+        if sweep.between(r.cell.params.get("rate")) is not None:  # its rate: from the pass's probes, stored by now
+            r = replace(r, sweep=sweep.resolve(self.spec, r, m.done))
         eta = ""
         if m.durations:
             rem = sum(m.durations) / len(m.durations) * (n - i + 1)
             eta = f" ETA {int(rem // 60)}m{int(rem % 60):02d}s"
-        self.say(m, f"[{i}/{n}] pass {r.pass_index} pos {r.position} arm {r.arm:<12} cell {r.cell.id}{eta}")
+        at = f" at {r.sweep['rate_req_s']:.3g} req/s" if r.sweep and "rate_req_s" in r.sweep else ""
+        self.say(m, f"[{i}/{n}] pass {r.pass_index} pos {r.position} arm {r.arm:<12} cell {r.cell.id}{at}{eta}")
         t0 = self.executor.clock()
         try:
             a = self.executor.run(m, self.spec, r, self.store.root)

@@ -42,9 +42,9 @@ OBSERVE = ("full", "bare")
 NUMERIC_AXES = tuple(a for a in AXIS_NAMES if a not in STRING_AXES)
 # A server engine's load (harness/serving.py, docs/serving.md): workload.load and workload.slo; concurrency and
 # rate are cell parameters (fixed there, or axes), the rest of the load is the grid's
-LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed"}
+LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed", "points"}
 LOAD_AXES = ("concurrency", "rate")
-SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")
+SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")  # bounds in seconds; `share` (a sweep's capacity rule) is apart
 MAX_LOAD_REQUESTS = 100_000
 MAX_RATE = 10_000.0
 
@@ -115,12 +115,24 @@ class GridSpec:
     load: dict[str, Any] | None = None  # a server grid's load, less what cells carry (LOAD_AXES); None: no load
     slo: dict[str, float] | None = None  # latency bounds of goodput (SLO_FIELDS)
 
-    def load_of(self, params: dict) -> Any:
-        """The load of a cell (harness/serving.py Load)."""
+    def load_of(self, params: dict, resolved: dict | None = None) -> Any:
+        """The load of a cell (harness/serving.py Load). A rate sweep's point (harness/sweep.py) takes its rate
+        from `resolved` (sweep.resolve, at the run's start); its probes are closed loops of 1 and of every request."""
+        from harness import sweep
         from harness.serving import Load
         d = self.load or {}
-        return Load(requests=d["requests"], concurrency=params.get("concurrency"), rate=params.get("rate"),
-                    arrival=d.get("arrival", "poisson"), burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0))
+        conc, rate, point = params.get("concurrency"), params.get("rate"), None
+        if sweep.is_point(rate):
+            point = {"point": rate}
+            if rate in (sweep.SYNC, sweep.MAX):
+                conc = 1 if rate == sweep.SYNC else d["requests"]
+                rate = None
+            else:
+                point = resolved or {"point": rate, "error": "not resolved: the run was not started by the grid's "
+                                     "execution loop, which resolves a sweep's rates (harness/sweep.py)"}
+                rate = point.get("rate_req_s")
+        return Load(requests=d["requests"], concurrency=conc, rate=rate, arrival=d.get("arrival", "poisson"),
+                    burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0), sweep=point)
 
     @property
     def load_errors_allowed(self) -> float:
@@ -387,7 +399,12 @@ def _rule_values(path: str, fld: str, rule: dict, allow_arm: bool) -> None:
             continue
         if k not in AXIS_NAMES:
             raise _err(path, f"{fld}.{k}", "unknown axis", f"known: {', '.join(AXIS_NAMES)}{', arm' if allow_arm else ''}")
-        if k in NUMERIC_AXES:
+        if k == "rate" and isinstance(v, str):
+            from harness import sweep
+            if not sweep.is_point(v):
+                raise _err(path, f"{fld}.{k}", f"{_short(v)} is no point of a rate sweep",
+                           "sync, max or sweep-KofM (the cells of `harness plan`), or a number")
+        elif k in NUMERIC_AXES:
             _int(path, f"{fld}.{k}", v)
         elif not isinstance(v, str) or not v:
             raise _err(path, f"{fld}.{k}", f"must be a name, got {_short(v)}")
@@ -543,6 +560,9 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
         raise _err(path, "workload", f"must be a mapping, got {_short(workload)}")
     workload = dict(workload)
     load, load_cells = _load(path, workload.pop("load", None), axes)
+    if load is not None and "points" in load:  # a rate sweep: its points are the rate axis (harness/sweep.py)
+        from harness import sweep
+        axes["rate"] = sweep.points(load["points"])
     slo = _slo(path, workload.pop("slo", None), load)
     for k in LOAD_AXES:
         if k in workload:
@@ -584,6 +604,9 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     order = doc.get("order", "interleaved")
     if order not in ORDERS:
         raise _err(path, "order", f"unknown order {_short(order)}", f"allowed: {', '.join(ORDERS)}")
+    if load is not None and "points" in load and order != "interleaved":
+        raise _err(path, "order", f"a rate sweep runs interleaved (each pass measures its probes before the rates "
+                   f"derived from them), not {order}", "drop order, or set order: interleaved")
     baseline = doc.get("baseline", names[0])
     if baseline not in names:
         raise _err(path, "baseline", f"unknown arm {_short(baseline)}", f"arms: {', '.join(names)}")
@@ -653,7 +676,21 @@ def _load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, Any] | 
     cells: dict[str, Any] = {}
     if "concurrency" in raw:
         cells["concurrency"] = _int(path, "workload.load.concurrency", raw["concurrency"])
-    if "rate" in raw:
+    if raw.get("rate") == "sweep":
+        from harness import sweep
+        clash = (["workload.load.concurrency"] if "concurrency" in raw else []) + [f"axes.{k}" for k in on_axes]
+        if clash:
+            raise _err(path, clash[0], "cannot be set beside rate: sweep (its points are one request at a time, "
+                       "every request at once, and rates between)", "drop it, or list rates as axes.rate instead")
+        n = raw.get("points", sweep.DEFAULT_POINTS)
+        if isinstance(n, bool) or not isinstance(n, int) or not sweep.MIN_POINTS <= n <= sweep.MAX_POINTS:
+            raise _err(path, "workload.load.points", f"must be an integer in [{sweep.MIN_POINTS}, {sweep.MAX_POINTS}], "
+                       f"got {_short(n)}", "the sweep's points: sync, max and the rates between them")
+        out["points"] = n
+        on_axes = ["rate"]
+    elif "points" in raw:
+        raise _err(path, "workload.load.points", "applies to rate: sweep", "set rate: sweep, or drop points")
+    elif "rate" in raw:
         cells["rate"] = _rate(path, "workload.load.rate", raw["rate"])
     for k in on_axes:
         if k in cells:
@@ -692,10 +729,19 @@ def _slo(path: str, raw: Any, load: dict | None) -> dict[str, float] | None:
         raise _err(path, "workload.slo", f"must be a mapping of bounds, got {_short(raw)}",
                    f"e.g. {{ttft_s: 1.0, tpot_s: 0.1}} (fields: {', '.join(SLO_FIELDS)})")
     for k, v in raw.items():
+        if k == "share":
+            if "points" not in load:
+                raise _err(path, "workload.slo.share", "applies to a rate sweep (the share of a run's requests "
+                           "within every bound for the run to meet the slo)", "set workload.load.rate: sweep, or drop it")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise _err(path, "workload.slo.share", f"must be a share in (0, 1], got {_short(v)}")
+            continue
         if k not in SLO_FIELDS:
-            raise _err(path, f"workload.slo.{k}", "unknown field", f"allowed: {', '.join(SLO_FIELDS)}")
+            raise _err(path, f"workload.slo.{k}", "unknown field", f"allowed: {', '.join(SLO_FIELDS)}, share")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise _err(path, f"workload.slo.{k}", f"must be a positive number of seconds, got {_short(v)}")
+    if not any(k in SLO_FIELDS for k in raw):
+        raise _err(path, "workload.slo", "gives a share and no bound", f"add a bound ({', '.join(SLO_FIELDS)})")
     return {k: float(v) for k, v in raw.items()}
 
 

@@ -139,7 +139,7 @@ def load_figure(sec: dict) -> dict:
     """The serving curve: each arm's latency against its output throughput, a point per load (plots.load_curve)."""
     from harness.analysis import load_points
     data = [{"type": "scatter", "mode": "lines+markers+text", "name": f"{metric} {arm}",
-             "x": [x for _, x, _ in rows], "y": [y for _, _, y in rows], "text": [f"{v:g}" for v, _, _ in rows],
+             "x": [x for _, x, _, _ in rows], "y": [y for _, _, y, _ in rows], "text": [t for _, _, _, t in rows],
              "textposition": "top right"}
             for metric, by_arm in load_points(sec).items() for arm, rows in sorted(by_arm.items())]
     return {"data": data, "layout": {"title": {"text": _title(sec, "latency against throughput, a point per load")},

@@ -132,7 +132,8 @@ def request_latencies(r: dict) -> dict[str, float | list[float]]:
 
 
 def meets(lat: dict, slo: dict[str, float]) -> bool:
-    return all(lat.get(k[:-2], math.inf) <= v for k, v in slo.items())
+    """Whether a request is within every latency bound of the slo (its `share`, a sweep's rule, is no bound)."""
+    return all(lat.get(k[:-2], math.inf) <= v for k, v in slo.items() if k != "share")
 
 
 def serving_figures(recs: list[dict], slo: dict[str, float] | None) -> dict[str, float]:

@@ -75,9 +75,9 @@ def load_curve(section: dict, out_dir: Path) -> str:
     kind = next((load_of(r["cell"])[0] for t in section["tables"] for r in t["rows"] if load_of(r["cell"])), "load")
     for ax, (metric, by_arm) in zip(axes[0], pts.items()):
         for arm, rows in sorted(by_arm.items()):
-            ax.plot([x for _, x, _ in rows], [y for _, _, y in rows], marker="o", label=arm)
-            for load, x, y in rows:
-                ax.annotate(f"{load:g}", (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            ax.plot([x for _, x, _, _ in rows], [y for _, _, y, _ in rows], marker="o", label=arm)
+            for _, x, y, label in rows:
+                ax.annotate(label, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.set_xlabel("serve_output_tok_s (median over passes)")
         ax.set_ylabel(f"{metric} (median over passes)")
         ax.grid(alpha=0.3)

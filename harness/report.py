@@ -679,6 +679,7 @@ def _render_all(store_dirs: list[str], c: Collected) -> tuple[Pages, list[dict],
             sec["steps"] = _steps(sec, series, cal_by_host) if spec.shows("steps") else None
             sec["targets"] = targets_block(spec.targets, series)
             sec["context"] = _context(sec, series, cal_by_host) if spec.shows("context") else None
+            sec["sweep"] = _sweep(sec, series)
             sec["plots"] = plot_names(sec)
             sections.append(sec)
     ctx = {"sections": sections, "fidelity": fsections, "ceilings": ceiling, "stores": store_dirs,
@@ -965,6 +966,21 @@ def _context(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | 
     arts = [a for a in series if not a.host.emulation]
     cal = cal_by_host.get(sec["host_key"])
     return context.context_block(arts, sec, best_by_threads(cal) if cal else None)
+
+
+def _sweep(sec: dict, series: list[RunArtifact]) -> dict | None:
+    """A series' rate sweep, worded (analysis.sweep_view computes it)."""
+    v = analysis.sweep_view(series, sec["baseline"])
+    if v is None:
+        return None
+    return {"share": f"{v.share:.0%}", "slo": ", ".join(f"{k} <= {x:g} s" for k, x in v.slo.items()),
+            "rows": [{"cell": r.cell.replace("batch=1,", ""), "arm": r.arm, "n": len(r.values),
+                      "median": _fmt(r.median), "per_pass": ", ".join(_fmt(x) for x in r.values),
+                      "ci": f"[{_fmt(r.median_ci[0])}, {_fmt(r.median_ci[1])}]" if r.median_ci else
+                      f"(n={len(r.values)}: no 95% interval; 6 passes give one)",
+                      "ratio": _ratio_text(r.vs_baseline) if r.vs_baseline else ""} for r in v.rows],
+            "rates": [{"cell": r.cell.replace("batch=1,", ""), "point": r.point, "label": r.label,
+                       "rate": _fmt(r.median_req_s), "n": r.n} for r in v.rates]}
 
 
 def _steps(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | None:

@@ -128,7 +128,7 @@ def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, t
         workload=Workload(prompt_len=p["prompt_len"], context_len=p["context_len"], gen_len=p["gen_len"],
                           batch=p.get("batch", 1), warmups=spec.warmups, repetitions=spec.repetitions,
                           prompt_token_hash=res.prompt_token_hash,
-                          **({"load": spec.load_of(p).record(), "slo": spec.slo} if spec.load is not None else {})),
+                          **({"load": spec.load_of(p, run.sweep).record(), "slo": spec.slo} if spec.load is not None else {})),
         residency=Residency(**(residency or {"before": {}, "after_load": res.after_load, "after_run": {},
                                              "peak_memory": res.peak_memory,
                                              "page_cache": "not observed (the run did not complete)"})),

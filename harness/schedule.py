@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from functools import lru_cache
 
 from harness.grid import Cell, GridSpec, arms_for, expand
@@ -21,6 +22,8 @@ class RunSpec:
     pass_index: int
     position: int  # position within its pass, 0-based
     index: int  # position in the whole schedule
+    # a rate sweep's point: its load, resolved by the execution loop when the run starts (harness/sweep.py)
+    sweep: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @property
     def run_key(self) -> str:

@@ -42,6 +42,7 @@ class Load:
     arrival: str = "poisson"
     burstiness: float = 1.0
     seed: int = 0
+    sweep: dict[str, Any] | None = None  # a point of a rate sweep (harness/sweep.py): which, and its rate's origin
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"requests": self.requests}
@@ -49,7 +50,20 @@ class Load:
             out["concurrency"] = self.concurrency
         if self.rate is not None:
             out |= {"rate": self.rate, "arrival": self.arrival, "burstiness": self.burstiness, "seed": self.seed}
+        if self.sweep is not None:
+            out["sweep"] = self.sweep
         return out
+
+    @property
+    def unresolved(self) -> str | None:
+        """Why a sweep point has no rate (a probe of its pass failed or has not run); None otherwise."""
+        return (self.sweep or {}).get("error")
+
+    @property
+    def server_slots(self) -> int | None:
+        """The requests a server should hold at once: the load's concurrency; in a sweep every point's server is
+        the same, sized for its max probe (every request at once)."""
+        return self.requests if self.sweep is not None else self.concurrency
 
 
 def arrivals(load: Load) -> list[float] | None:

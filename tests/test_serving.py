@@ -256,11 +256,15 @@ def test_the_load_curve_joins_each_arms_points_in_the_order_of_the_load():
         rows("ttft_p90_s", {("a", 1): 0.1, ("a", 2): 0.2, ("a", 4): 0.5, ("b", 1): 0.1})]}
     pts = analysis.load_points(sec)
     assert list(pts) == ["ttft_p90_s"]
-    assert pts["ttft_p90_s"]["a"] == [(1.0, 10.0, 0.1), (2.0, 20.0, 0.2), (4.0, 30.0, 0.5)]
+    assert pts["ttft_p90_s"]["a"] == [(1.0, 10.0, 0.1, "1"), (2.0, 20.0, 0.2, "2"), (4.0, 30.0, 0.5, "4")]
     assert report.plot_names({**sec, "tables": sec["tables"]})[-1] == "g-h-load.png"
     fig = html.load_figure(sec)
     assert fig["data"][0]["x"] == [10.0, 20.0, 30.0] and fig["data"][0]["text"] == ["1", "2", "4"]
-    assert analysis.load_of("batch=1,rate=2.5") == ("rate", 2.5) and analysis.load_of("batch=1,threads=2") is None
+    assert analysis.load_of("batch=1,rate=2.5") == ("rate", 2.5, "2.5") and analysis.load_of("batch=1,threads=2") is None
+    # a sweep's points lie in the sweep's order, sync to max, labelled by their place between the probes
+    sweep = [analysis.load_of(f"batch=1,rate={p}") for p in ("max", "sweep-2of3", "sync", "sweep-1of3")]
+    assert sorted(sweep) == [("rate sweep", 0.0, "sync"), ("rate sweep", 0.25, "1/4"), ("rate sweep", 0.5, "2/4"),
+                             ("rate sweep", 1.0, "max")]
     one = {**sec, "tables": [rows("serve_output_tok_s", {("a", 1): 1.0}), rows("ttft_p90_s", {("a", 1): 0.1})]}
     assert not any(n.endswith("-load.png") for n in report.plot_names(one))  # one point is no curve
 
@@ -291,3 +295,96 @@ def test_vllm_bench_client_gets_one_connection_per_request():
             await c.close()
     assert asyncio.run(make()) == (True, 2)
     assert isinstance(aiohttp.TCPConnector, type) and aiohttp.TCPConnector.__name__ == "TCPConnector"
+
+
+def test_a_rate_sweep_is_cells_probes_first_and_refused_where_it_cannot_run(write_grid, cli):
+    from harness import grid
+    base = """
+    name: s
+    model: tiny-llama
+    arms: [{name: a, engine: llama-server}, {name: b, engine: llama-server, form: gguf-f16}]
+    workload: {prompt_len: 8, context_len: 256, gen_len: 4, LOAD}
+    threads: 1
+    passes: 2
+    """
+    spec = grid.load(write_grid(base.replace("LOAD", "load: {rate: sweep, requests: 4}, slo: {ttft_s: 1, share: 0.5}")))
+    assert [c.params["rate"] for c in grid.expand(spec)] == ["sync", "max", "sweep-1of3", "sweep-2of3", "sweep-3of3"]
+    assert spec.slo == {"ttft_s": 1.0, "share": 0.5}
+    sync, top, mid = (spec.load_of({"rate": r}) for r in ("sync", "max", "sweep-1of3"))
+    assert (sync.concurrency, sync.rate, top.concurrency, top.rate) == (1, None, 4, None)
+    assert mid.rate is None and "not resolved" in mid.unresolved  # never sent at a guessed rate
+    assert sync.server_slots == top.server_slots == mid.server_slots == 4  # one server size at every point
+    got = spec.load_of({"rate": "sweep-1of3"}, {"point": "sweep-1of3", "rate_req_s": 2.5})
+    assert got.rate == 2.5 and got.unresolved is None and got.record()["sweep"]["rate_req_s"] == 2.5
+    cases = [("load: {rate: sweep, concurrency: 2, requests: 4}", "workload.load.concurrency: cannot be set beside rate: sweep"),
+             ("load: {rate: sweep, points: 2, requests: 4}", "workload.load.points: must be an integer in [3, 20]"),
+             ("load: {rate: sweep, points: 3.5, requests: 4}", "workload.load.points: must be an integer"),
+             ("load: {rate: 2, points: 4, requests: 4}", "workload.load.points: applies to rate: sweep"),
+             ("load: {rate: 2, requests: 4}, slo: {ttft_s: 1, share: 0.5}", "workload.slo.share: applies to a rate sweep"),
+             ("load: {rate: sweep, requests: 4}, slo: {share: 0.5}", "workload.slo: gives a share and no bound"),
+             ("load: {rate: sweep, requests: 4}, slo: {ttft_s: 1, share: 2}", "workload.slo.share: must be a share")]
+    for load, says in cases:
+        rc, out, err = cli("plan", write_grid(base.replace("LOAD", load)))
+        assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, (load, err)
+    for extra, says in (("axes: {rate: [1, 2]}", "axes.rate: cannot be set beside rate: sweep"),
+                        ("order: sequential", "order: a rate sweep runs interleaved")):
+        rc, out, err = cli("plan", write_grid(base.replace("LOAD", "load: {rate: sweep, requests: 4}") + extra))
+        assert rc == 2 and says in err, (extra, err)
+
+
+def _art(arm, rate, p, status="ok", req_s=None, good=None, rate_req_s=None, aid=None):
+    from types import SimpleNamespace as NS
+    params = {"batch": 1, "rate": rate}
+    sweep = {"point": rate, **({"rate_req_s": rate_req_s} if rate_req_s is not None else {})}
+    metrics_ = {} if status != "ok" else {"request_throughput_req_s": NS(samples=[req_s or 1.0]),
+                                          "goodput_share": NS(samples=[1.0 if good is None else good])}
+    return NS(id=aid or f"{arm}-{rate}-{p}", status=status, metrics=metrics_,
+              grid=NS(arm=arm, pass_index=p, cell=f"batch=1,rate={rate}", cell_params=params),
+              workload=NS(load={"requests": 4, "sweep": sweep}, slo={"ttft_s": 1.0, "share": 0.9}))
+
+
+def test_a_sweep_point_takes_its_rate_from_its_own_passs_probes_of_every_arm(write_grid):
+    from harness import grid, sweep
+    from harness.schedule import schedule
+    spec = grid.load(write_grid("""
+    name: s
+    model: tiny-llama
+    arms: [{name: a, engine: llama-server}, {name: b, engine: llama-server, form: gguf-f16}]
+    workload: {prompt_len: 8, context_len: 256, gen_len: 4, load: {rate: sweep, points: 4, requests: 4}}
+    threads: 1
+    passes: 2
+    """))
+    runs = schedule(spec)
+    key = {(r.cell.params["rate"], r.arm, r.pass_index): r.run_key for r in runs}
+    assert all(r.cell.params["rate"] in ("sync", "max") for r in runs if r.pass_index == 0 and r.position < 4)
+    done = {key[(probe, arm, 1)]: [_art(arm, probe, 1, req_s=v)] for (probe, arm), v in
+            {("sync", "a"): 2.0, ("sync", "b"): 1.0, ("max", "a"): 4.0, ("max", "b"): 7.0}.items()}
+    done[key[("sync", "a", 0)]] = [_art("a", "sync", 0, req_s=100.0)]  # another pass's probe: not read
+    point = next(r for r in runs if r.pass_index == 1 and r.cell.params["rate"] == "sweep-2of2")
+    got = sweep.resolve(spec, point, done)
+    assert (got["sync_req_s"], got["max_req_s"]) == (1.0, 7.0)  # the slowest unloaded, the fastest saturated
+    assert got["rate_req_s"] == pytest.approx(1.0 + 6.0 * 2 / 3) and got["from"]["b"]["max"]["artifact"] == "b-max-1"
+    done[key[("max", "b", 1)]] = [_art("b", "max", 1, status="failed")]
+    assert "pass 1's max run of arm b failed" in sweep.resolve(spec, point, done)["error"]
+    del done[key[("max", "b", 1)]]
+    assert "has not run" in sweep.resolve(spec, point, done)["error"]
+
+
+def test_the_highest_rate_within_the_slo_per_pass_with_an_interval_and_the_paired_ratio():
+    from harness import analysis, sweep
+    arts = []
+    for p in range(6):
+        for arm, top in (("a", 4.0), ("b", 2.0)):  # b misses the SLO at 2/3 of the way and above
+            arts += [_art(arm, "sync", p, req_s=1.0), _art(arm, "max", p, req_s=top + p / 10, good=0.5),
+                     _art(arm, "sweep-1of2", p, rate_req_s=2.0 + p / 10),
+                     _art(arm, "sweep-2of2", p, rate_req_s=3.0 + p / 10, good=1.0 if arm == "a" else 0.8)]
+    cap = sweep.capacity(arts, 0.9)
+    assert cap["a"] == {p: 3.0 + p / 10 for p in range(6)} and cap["b"] == {p: 2.0 + p / 10 for p in range(6)}
+    arts[-1] = _art("b", "sweep-2of2", 5, status="failed")  # a pass with a point unknown has no highest rate
+    assert 5 not in sweep.capacity(arts, 0.9)["b"]
+    arts[-1] = _art("b", "sweep-2of2", 5, rate_req_s=3.5, good=0.8)
+    v = analysis.sweep_view(arts, "a")
+    a, b = v.rows
+    assert (a.arm, b.arm, len(a.values)) == ("a", "b", 6) and a.median_ci == (3.0, 3.5)  # n=6: the range at 95%
+    assert a.vs_baseline is None and b.vs_baseline.ratio < 1 and b.vs_baseline.has_interval
+    assert [(r.point, r.n) for r in v.rates] == [("sweep-1of2", 6), ("sweep-2of2", 6)] and v.share == 0.9

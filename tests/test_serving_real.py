@@ -68,7 +68,12 @@ def served(tmp_path_factory):
     left_closed = set(_server_pids()) - before
     poisson = _run(d, "poisson", "{rate: 8, arrival: poisson, seed: 1, requests: 10}")
     vbench = _run(d, "vbench", "{concurrency: 2, requests: 6}", env=", options: {client: vllm-bench}")
-    return closed, poisson, left_closed, set(_server_pids()) - before, vbench
+    g = d / "sweep.yaml"
+    g.write_text(GRID.format(name="sweep", load="{rate: sweep, points: 3, requests: 4}", reps=1, env=""))
+    execute.run(str(g), store_root=d / "store")
+    sweep = {a["grid"]["cell_params"]["rate"]: a for a in
+             (json.loads(p.read_text()) for p in Store(d / "store").iter_paths("sweep"))}
+    return closed, poisson, left_closed, set(_server_pids()) - before, vbench, sweep
 
 
 def test_a_closed_loop_at_concurrency_2_reads_back_and_passes_check(served):
@@ -136,6 +141,29 @@ def test_vllm_bench_serve_sends_the_same_load_and_its_medians_are_ours(served):
     assert tool["completed"] == 6 and tool["failed"] == 0
     assert m["ttft_p50_s"]["samples"][0] * 1e3 == pytest.approx(tool["median_ttft_ms"], rel=1e-9)
     assert m["itl_all_p50_s"]["samples"][0] * 1e3 == pytest.approx(tool["median_itl_ms"], rel=1e-9)
+
+
+def test_a_rate_sweep_sends_its_point_at_the_rate_its_probes_measured(served):
+    """sync (one at a time) and max (every request at once) run first in the pass; the point between them is
+    sent at their midpoint, which its artifact records with the probes it came from; one server size for all."""
+    sweep = served[5]
+    assert sorted(sweep) == ["max", "sweep-1of1", "sync"]
+    for a in sweep.values():
+        assert a["status"] == "ok", a.get("error")
+        assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
+        assert a["execution"]["settings"]["options.parallel"]["effective"] == 4  # the max probe's 4 at once
+    sync, top, mid = sweep["sync"], sweep["max"], sweep["sweep-1of1"]
+    assert sync["grid"]["position"] < top["grid"]["position"] < mid["grid"]["position"]
+    assert sync["workload"]["load"] == {"requests": 4, "concurrency": 1, "sweep": {"point": "sync"}}
+    assert top["execution"]["settings"]["load.concurrency"]["effective"] == 4
+    import statistics
+    req_s = {k: statistics.median(sweep[k]["metrics"]["request_throughput_req_s"]["samples"]) for k in ("sync", "max")}
+    got = mid["workload"]["load"]["sweep"]
+    assert got["rate_req_s"] == pytest.approx((req_s["sync"] + req_s["max"]) / 2)
+    assert mid["workload"]["load"]["rate"] == got["rate_req_s"] == mid["execution"]["settings"]["load.rate"]["requested"]
+    assert got["from"]["llama-server"]["sync"]["artifact"] == sync["id"]
+    assert got["from"]["llama-server"]["max"]["artifact"] == top["id"]
+    assert mid["serving"]["repetitions"][0]["requests"][1]["scheduled_s"] > 0  # an open loop, on a schedule
 
 
 def test_no_server_is_left_after_the_runs(served):

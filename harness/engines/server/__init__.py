@@ -22,7 +22,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from harness import metrics, models, serving
-from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, run_worker, setting
+from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_worker,
+                                  setting)
 from harness.errors import UserError
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -59,7 +60,10 @@ class ServerEngine(Engine):
     def run(self, ctx: RunContext, form: str) -> EngineResult:
         opts = self.options(ctx.arm)
         p, g, c = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"]), int(ctx.params["context_len"])
-        load = ctx.spec.load_of(ctx.params)
+        load = ctx.load()
+        if load.unresolved:  # a sweep point whose pass's probes did not measure: nothing is sent at a guessed rate
+            return failed("failed", f"rate sweep point {load.sweep['point']}: {load.unresolved}", [], dict(ctx.arm.env),
+                          engine=self.engine_info_for(opts), requested={"threads": ctx.threads, "load": load.record()})
         w, reps = ctx.spec.warmups, ctx.spec.repetitions
         n = max(load.requests, w, 1)
         # pool 0: the warm-up requests; pool i: repetition i's measured requests (harness/metrics.py's seeds)
@@ -197,8 +201,8 @@ class LlamaServer(ServerEngine):
         return {**info, "build": {**info["build"], "binary": "llama-server", "binary_sha256": b["sha256"]}}
 
     def slots(self, ctx: RunContext, opts: Any) -> int:
-        load = ctx.spec.load_of(ctx.params)
-        return opts.parallel or load.concurrency or 4
+        load = ctx.load()
+        return opts.parallel or load.server_slots or 4
 
     def server(self, ctx: RunContext, form: str, opts: Any) -> dict[str, Any]:
         from harness.engines.llamacpp import build as llamacpp_build
@@ -298,7 +302,7 @@ class VllmServer(ServerEngine):
         return {**info, "name": self.name, "build": {**info["build"], "entry": "vllm.entrypoints.openai.api_server"}}
 
     def seqs(self, ctx: RunContext, opts: Any) -> int:
-        return opts.max_num_seqs or ctx.spec.load_of(ctx.params).concurrency or 4
+        return opts.max_num_seqs or ctx.load().server_slots or 4
 
     def dtype(self, form: str, opts: Any) -> str:
         return opts.dtype or ("bfloat16" if form == "hf-bf16" else "float32")
