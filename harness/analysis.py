@@ -703,3 +703,47 @@ def sweep_view(series: list, baseline: str) -> SweepView | None:
         rates += [SweepRate(cell=rest, point=p, label=sweep.label(p), median_req_s=float(np.median(v)), n=len(v))
                   for p, v in sorted(by_point.items(), key=lambda kv: sweep.order(kv[0]))]
     return SweepView(share=share, slo={k: v for k, v in slo.items() if k != "share"}, rows=rows, rates=rates)
+
+
+# ---- the serving cross-check: vLLM's own printed medians beside the harness's (docs/serving.md) ----------------
+
+TOOL_MEDIANS = (("ttft_p50_s", "median_ttft_ms"), ("itl_all_p50_s", "median_itl_ms"), ("tpot_p50_s", "median_tpot_ms"))
+
+
+@dataclass(frozen=True)
+class ToolMedians:
+    cell: str
+    arm: str
+    client: str  # "vllm-bench" or "harness"
+    n: int  # ok runs
+    ours: dict[str, float]  # metric -> median over runs of the harness's figure from the arm's own records
+    printed: dict[str, float]  # metric -> median over runs of vLLM's printed figure (seconds); vllm-bench arms only
+
+
+def tool_medians(series: list) -> list[ToolMedians]:
+    """Per serving cell and arm of a series with a vllm-bench arm: the harness's TTFT, pooled-ITL and TPOT
+    medians (median over runs) and, for the vllm-bench arms, the medians vLLM printed for the same runs."""
+    ok = [a for a in series if a.status == "ok" and a.workload.load is not None]
+    if not any(a.execution.effective.get("tool_report") for a in ok):
+        return []
+    groups: dict[tuple[str, str], list] = defaultdict(list)
+    for a in ok:
+        groups[(a.grid.cell, a.grid.arm)].append(a)
+    out = []
+    for (cell, arm), arts in sorted(groups.items()):
+        bench = any(a.execution.effective.get("tool_report") for a in arts)
+        ours = {m: float(np.median([np.median(a.metrics[m].samples) for a in arts if m in a.metrics]))
+                for m, _ in TOOL_MEDIANS if any(m in a.metrics for a in arts)}
+        printed: dict[str, float] = {}
+        for m, key in TOOL_MEDIANS:
+            vals = []
+            for a in arts:  # a run's repetitions each printed one report: their median, in seconds
+                reps = [r[key] / 1000.0 for r in a.execution.effective.get("tool_report") or []
+                        if isinstance(r, dict) and isinstance(r.get(key), (int, float)) and np.isfinite(r[key])]
+                if reps:
+                    vals.append(float(np.median(reps)))
+            if vals:
+                printed[m] = float(np.median(vals))
+        out.append(ToolMedians(cell=cell, arm=arm, client="vllm-bench" if bench else "harness", n=len(arts), ours=ours,
+                               printed=printed))
+    return out

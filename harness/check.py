@@ -746,6 +746,8 @@ def _check_file(f: Path, allow_unknown_commit: bool) -> tuple[list[str], dict | 
     kind = doc.get("kind")
     if kind == "reference" and isinstance(doc.get("id"), str):
         rec["reference"] = _ref_summary(a) if a is not None else None
+    if kind == "run" and a is not None and a.workload.load and isinstance(a.workload.load.get("sweep"), dict):
+        rec["sweep"] = _sweep_record(a)
     if kind == "fidelity" and isinstance(doc.get("reference"), dict):
         rec["fidelity"] = {"rid": doc["reference"].get("id"), "parsed": None if a is None else {
             "reference": a.reference, "prompt_set": a.prompt_set.model_dump(mode="json"),
@@ -832,6 +834,8 @@ def _check(paths: Iterable[str], verify_models: bool, allow_unknown_commit: bool
                 problems.append(f"{where}: id: duplicate of {seen[aid]}")
             seen.setdefault(aid, where)
     problems += _check_references(fidelity_recs, references)
+    problems += _check_sweeps([(where, rec["sweep"]) for (where, _), (_, rec) in zip(sources, results)
+                               if rec is not None and isinstance(rec.get("sweep"), dict)])
     return len(sources), problems
 
 
@@ -879,6 +883,74 @@ def _mismatch(ref: dict, fid_ref: dict, prompt_set: dict, engine: dict | None) -
         out.append("prompt set hash differs")
     if engine is not None and ref["engine"] != [engine["build_commit"], engine["build"]]:
         out.append("engine build differs")
+    return out
+
+
+def _sweep_record(a: Any) -> dict[str, Any]:
+    """What the check across files needs of a rate sweep's run (harness/sweep.py): its series and pass, and for a
+    probe the request throughput it measured, for a point the rate it was sent at and where that came from."""
+    from harness import sweep
+    sw = a.workload.load["sweep"]
+    out = {"id": a.id, "series": [a.grid.sha256, a.host.key, a.grid.pass_index], "arm": a.grid.arm,
+           "point": sw.get("point"), "ok": a.status == "ok"}
+    if sw.get("point") in (sweep.SYNC, sweep.MAX):
+        out["req_s"] = sweep._req_s(a) if a.status == "ok" else None
+    else:
+        out |= {"sweep": sw, "rate": a.workload.load.get("rate")}
+    return out
+
+
+def _check_sweeps(recs: list[tuple[str, dict]]) -> list[str]:
+    """Each sweep point's rate is what its pass's probes give: the probes it names are among the checked
+    artifacts, of its series and pass, measured what it says they did, are every ok probe of that pass, and the
+    rate follows from them by the rule (a forged rate, or a point resolved from another pass, is caught)."""
+    from harness import sweep
+    probes = {r["id"]: r for _, r in recs if r.get("point") in (sweep.SYNC, sweep.MAX)}
+    by_pass: dict[tuple, set] = {}
+    for r in probes.values():
+        if r["ok"]:
+            by_pass.setdefault(tuple(r["series"]), set()).add(r["arm"])
+    out = []
+    for where, r in recs:
+        km = sweep.between(r.get("point"))
+        if km is None or "sweep" not in r:
+            continue
+        sw = r["sweep"]
+        if "error" in sw:  # an unresolved point: failed, never sent
+            if r["ok"]:
+                out.append(f"{where}: workload.load.sweep: an ok run of a point that was not resolved ({sw['error']})")
+            continue
+        try:
+            got = {arm: {p: (v["artifact"], float(v["request_throughput_req_s"])) for p, v in by.items()}
+                   for arm, by in sw["from"].items()}
+            lo, hi, rate = float(sw["sync_req_s"]), float(sw["max_req_s"]), float(sw["rate_req_s"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            out.append(f"{where}: workload.load.sweep: malformed (needs from, sync_req_s, max_req_s, rate_req_s)")
+            continue
+        why = []
+        for arm, by in sorted(got.items()):
+            for p in (sweep.SYNC, sweep.MAX):
+                aid, v = by.get(p, (None, None))
+                pr = probes.get(aid)
+                if pr is None:
+                    why.append(f"arm {arm}'s {p} probe {str(aid)[:12]}... is not among the checked artifacts")
+                elif pr["series"] != r["series"] or pr["arm"] != arm or pr["point"] != p or not pr["ok"]:
+                    why.append(f"arm {arm}'s {p} probe {aid[:12]}... is not an ok {p} run of arm {arm} in this pass")
+                elif pr["req_s"] is None or not math.isclose(pr["req_s"], v, rel_tol=1e-9):
+                    why.append(f"arm {arm}'s {p} probe measured {pr['req_s']}, not {v}")
+        if not why:
+            arms = by_pass.get(tuple(r["series"]), set())
+            if set(got) != arms:
+                why.append(f"names the probes of arms {sorted(got)}, its pass has ok probes of {sorted(arms)}")
+            want_lo = min(v[sweep.SYNC][1] for v in got.values())
+            want_hi = max(v[sweep.MAX][1] for v in got.values())
+            want = want_lo + (want_hi - want_lo) * km[0] / (km[1] + 1)
+            if not (math.isclose(lo, want_lo, rel_tol=1e-9) and math.isclose(hi, want_hi, rel_tol=1e-9)
+                    and math.isclose(rate, want, rel_tol=1e-9)):
+                why.append(f"rate {rate:g} req/s is not {want:g}, the rule's from its probes")
+            elif not isinstance(r["rate"], (int, float)) or not math.isclose(float(r["rate"]), rate, rel_tol=1e-9):
+                why.append(f"was sent at {r['rate']}, not the resolved {rate:g}")
+        out += [f"{where}: workload.load.sweep: {w}" for w in why]
     return out
 
 

@@ -114,12 +114,16 @@ class Agent:
         return {"ok": True, "models": sorted(names), "model_blocks": blocks, "engines": engines,
                 "env": provenance.relevant_env()}
 
-    def run(self, run_key: str, executor: dict[str, Any]) -> dict[str, Any]:
-        """One run, under this machine's measurement lock: {"doc": the artifact's JSON} or {"error": one line}."""
+    def run(self, run_key: str, executor: dict[str, Any], sweep: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One run, under this machine's measurement lock: {"doc": the artifact's JSON} or {"error": one line}.
+        `sweep`: a rate sweep point's load, as the driver resolved it from the pass's probes (harness/sweep.py)."""
+        from dataclasses import replace
+
         from harness.execute import measure
         assert self.spec is not None, "prepare first"
         try:
-            a = measure(self.spec, self.runs[run_key], self.workroot, Path("artifacts"), executor=executor)
+            run = self.runs[run_key] if sweep is None else replace(self.runs[run_key], sweep=sweep)
+            a = measure(self.spec, run, self.workroot, Path("artifacts"), executor=executor)
         except UserError as e:
             return {"error": str(e)}
         return {"doc": a.model_dump(mode="json")}
@@ -242,7 +246,7 @@ class Ray:
         from harness import artifact
         agent, node = self.agents[m.key]
         try:
-            res = self.ray.get(agent.run.remote(run.run_key, m.info["executor"]))
+            res = self.ray.get(agent.run.remote(run.run_key, m.info["executor"], run.sweep))
         except self.ray.exceptions.RayActorError as e:
             raise Lost(str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__) from None
         if "error" in res:

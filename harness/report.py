@@ -680,6 +680,7 @@ def _render_all(store_dirs: list[str], c: Collected) -> tuple[Pages, list[dict],
             sec["targets"] = targets_block(spec.targets, series)
             sec["context"] = _context(sec, series, cal_by_host) if spec.shows("context") else None
             sec["sweep"] = _sweep(sec, series)
+            sec["tools"] = _tools(series)
             sec["plots"] = plot_names(sec)
             sections.append(sec)
     ctx = {"sections": sections, "fidelity": fsections, "ceilings": ceiling, "stores": store_dirs,
@@ -981,6 +982,18 @@ def _sweep(sec: dict, series: list[RunArtifact]) -> dict | None:
                       "ratio": _ratio_text(r.vs_baseline) if r.vs_baseline else ""} for r in v.rows],
             "rates": [{"cell": r.cell.replace("batch=1,", ""), "point": r.point, "label": r.label,
                        "rate": _fmt(r.median_req_s), "n": r.n} for r in v.rates]}
+
+
+def _tools(series: list[RunArtifact]) -> list[dict]:
+    """The cross-check's two tools' medians side by side (analysis.tool_medians computes them)."""
+    rows = []
+    for t in analysis.tool_medians(series):
+        row = {"cell": t.cell.replace("batch=1,", ""), "arm": t.arm, "client": t.client, "n": t.n}
+        for m, _ in analysis.TOOL_MEDIANS:
+            row[m] = _fmt(t.ours[m] * 1000) if m in t.ours else ""
+            row[m + "_printed"] = _fmt(t.printed[m] * 1000) if m in t.printed else ""
+        rows.append(row)
+    return rows
 
 
 def _steps(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | None:

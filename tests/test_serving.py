@@ -388,3 +388,23 @@ def test_the_highest_rate_within_the_slo_per_pass_with_an_interval_and_the_paire
     assert (a.arm, b.arm, len(a.values)) == ("a", "b", 6) and a.median_ci == (3.0, 3.5)  # n=6: the range at 95%
     assert a.vs_baseline is None and b.vs_baseline.ratio < 1 and b.vs_baseline.has_interval
     assert [(r.point, r.n) for r in v.rates] == [("sweep-1of2", 6), ("sweep-2of2", 6)] and v.share == 0.9
+
+
+def test_the_crosscheck_page_puts_vllms_printed_medians_beside_the_harnesss():
+    from types import SimpleNamespace as NS
+    from harness import analysis, report
+
+    def art(arm, p, ttft, printed=None):
+        eff = {"tool_report": [{"median_ttft_ms": printed, "median_itl_ms": 20.0, "median_tpot_ms": "n/a"}]} \
+            if printed is not None else {}
+        return NS(status="ok", workload=NS(load={"requests": 4}), execution=NS(effective=eff),
+                  grid=NS(cell="batch=1,concurrency=4", arm=arm, pass_index=p),
+                  metrics={"ttft_p50_s": NS(samples=[ttft]), "itl_all_p50_s": NS(samples=[0.02])})
+    series = [art("harness", p, 0.1 + p / 100) for p in range(3)] + [art("bench", p, 0.2, 200.0 + p) for p in range(3)]
+    bench, ours = analysis.tool_medians(series)
+    assert (bench.arm, bench.client, ours.client, bench.n) == ("bench", "vllm-bench", "harness", 3)
+    assert bench.printed == {"ttft_p50_s": pytest.approx(0.201), "itl_all_p50_s": pytest.approx(0.02)}  # "n/a" left out
+    assert ours.printed == {} and ours.ours["ttft_p50_s"] == pytest.approx(0.11) and "tpot_p50_s" not in ours.ours
+    rows = report._tools(series)
+    assert rows[0]["ttft_p50_s_printed"] == "201" and rows[1]["ttft_p50_s"] == "110" and rows[1]["tpot_p50_s"] == ""
+    assert analysis.tool_medians(series[:3]) == []  # no vllm-bench arm: no such table

@@ -73,7 +73,7 @@ def served(tmp_path_factory):
     execute.run(str(g), store_root=d / "store")
     sweep = {a["grid"]["cell_params"]["rate"]: a for a in
              (json.loads(p.read_text()) for p in Store(d / "store").iter_paths("sweep"))}
-    return closed, poisson, left_closed, set(_server_pids()) - before, vbench, sweep
+    return closed, poisson, left_closed, set(_server_pids()) - before, vbench, sweep, d / "store" / "sweep"
 
 
 def test_a_closed_loop_at_concurrency_2_reads_back_and_passes_check(served):
@@ -164,6 +164,34 @@ def test_a_rate_sweep_sends_its_point_at_the_rate_its_probes_measured(served):
     assert got["from"]["llama-server"]["sync"]["artifact"] == sync["id"]
     assert got["from"]["llama-server"]["max"]["artifact"] == top["id"]
     assert mid["serving"]["repetitions"][0]["requests"][1]["scheduled_s"] > 0  # an open loop, on a schedule
+
+
+def test_check_recomputes_a_sweep_points_rate_from_the_probes_it_names(served, tmp_path):
+    """harness check reads the point with its probes: the store as written passes; a point whose rate was
+    edited (its id recomputed), or that is checked without its probes, does not."""
+    import shutil
+    from harness import check
+    from harness.artifact import compute_id
+    src = served[6]
+    n, problems = check.check([str(src)])
+    assert n == 3 and [p for p in problems if ": harness.dirty:" not in p] == []
+    forged = tmp_path / "forged"
+    shutil.copytree(src, forged)
+    mid = served[5]["sweep-1of1"]
+    edited = json.loads(json.dumps(mid))
+    edited["workload"]["load"]["sweep"]["rate_req_s"] *= 2
+    edited["workload"]["load"]["rate"] = edited["workload"]["load"]["sweep"]["rate_req_s"]
+    edited["execution"]["settings"]["load.rate"]["requested"] = edited["workload"]["load"]["rate"]
+    edited["id"] = compute_id(edited)
+    (forged / f"{mid['id']}.json").unlink()
+    (forged / f"{edited['id']}.json").write_text(json.dumps(edited))
+    _, problems = check.check([str(forged)])
+    assert any("workload.load.sweep: rate" in p and "is not" in p for p in problems), problems
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(src / f"{mid['id']}.json", alone)
+    _, problems = check.check([str(alone)])
+    assert any("is not among the checked artifacts" in p for p in problems), problems
 
 
 def test_no_server_is_left_after_the_runs(served):
@@ -275,3 +303,4 @@ def test_an_endpoint_the_harness_does_not_start_is_recorded_as_external(tmp_path
     assert a["execution"]["effective"]["reported"]["/v1/models"]["data"]
     assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
     assert len(a["serving"]["repetitions"][0]["requests"]) == 4
+

@@ -148,6 +148,26 @@ class ServerEngine(Engine):
     def engine_info_for(self, opts: Any) -> dict[str, Any]:
         return self.engine_info()
 
+    # ---- fidelity: the server started as for a run, the request answered over its API (fidelity.py) ----------
+    def fidelity_server(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, request: dict,
+                        workdir: Path) -> dict[str, Any]:
+        """The server to start for a fidelity request ({cmd with {port}, env}): one sequence at a time."""
+        raise UserError(self.name, "has no fidelity mode", "use llama-server or vllm-server")
+
+    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
+                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
+        request = json.loads(req_path.read_text())
+        srv = self.fidelity_server(model_path, threads, cpus, dtype, request, workdir)
+        wreq = {"timeout_s": FIDELITY_TIMEOUT_S, "health": self.health, "info_paths": list(self.info_paths),
+                "log_patterns": list(self.log_patterns), "model": FIDELITY_MODEL, "dialect": self.name,
+                "fidelity": request, "server": {"cmd": srv["cmd"], "env": srv["env"], "log": str(workdir / "server.log")}}
+        wpath = workdir / "serving-request.json"
+        wpath.write_text(json.dumps(wreq))
+        return [sys.executable, str(WORKER), str(wpath), str(out_path)], srv["env"]
+
+    def fidelity_result_block(self, eng: dict, result: dict) -> dict:
+        return {**eng, "build": {**eng["build"], "fidelity_api": FIDELITY_API[self.name]}}
+
     def tokenizer(self, ctx: RunContext) -> str | None:
         """The model's Hugging Face directory, for a client that counts tokens itself (vllm bench serve)."""
         try:
@@ -158,6 +178,12 @@ class ServerEngine(Engine):
             if form in forms and (p := models.form_path(ctx.model, form)).is_dir():
                 return str(p)
         return None
+
+
+FIDELITY_MODEL = "fidelity"  # the name a fidelity server serves its model under
+FIDELITY_TIMEOUT_S = 24 * 3600.0  # the worker's own limit; harness fidelity's run_worker stops it at the grid's timeout_s
+FIDELITY_API = {"llama-server": "POST /completion: greedy with n_probs; teacher-forced one position a request",
+                "vllm-server": "POST /v1/completions: greedy with logprobs; teacher-forced by prompt_logprobs"}
 
 
 # ---- llama-server -------------------------------------------------------------------------------------------
@@ -205,20 +231,31 @@ class LlamaServer(ServerEngine):
         return opts.parallel or load.server_slots or 4
 
     def server(self, ctx: RunContext, form: str, opts: Any) -> dict[str, Any]:
+        return self._server(models.form_path(ctx.model, form), ctx.model, ctx.threads, ctx.cpus, ctx.arm.numa,
+                            int(ctx.params["context_len"]), self.slots(ctx, opts), opts)
+
+    def _server(self, model_path: Path, alias: str, threads: int, cpus: list[int], numa: Any, n_ctx: int, slots: int,
+                opts: Any) -> dict[str, Any]:
         from harness.engines.llamacpp import build as llamacpp_build
         with llamacpp_build.server():
             exe = llamacpp_build.binary("llama-server")
-        np_ = self.slots(ctx, opts)
-        c = int(ctx.params["context_len"])
-        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [
-            str(exe), "-m", str(models.form_path(ctx.model, form)), "--host", "127.0.0.1", "--port", "{port}",
-            "-a", ctx.model, "-t", str(ctx.threads), "-tb", str(ctx.threads), "-c", str(c * np_), "-np", str(np_),
+        cmd = affinity_prefix(cpus, numa) + [
+            str(exe), "-m", str(model_path), "--host", "127.0.0.1", "--port", "{port}",
+            "-a", alias, "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx * slots), "-np", str(slots),
             "--no-kv-unified", "--no-ui", "--slots", "--seed", "0"]
         if opts.n_batch:
             cmd += ["-b", str(opts.n_batch)]
         if opts.n_ubatch:
             cmd += ["-ub", str(opts.n_ubatch)]
-        return {"cmd": cmd, "env": {"OMP_NUM_THREADS": str(ctx.threads)}}
+        return {"cmd": cmd, "env": {"OMP_NUM_THREADS": str(threads)}}
+
+    reference_form = "gguf-bf16"
+
+    def fidelity_server(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, request: dict,
+                        workdir: Path) -> dict[str, Any]:
+        from harness.engines.llamacpp.engine import CTX_PAD
+        n_ctx = -(-int(request["n_ctx"]) // CTX_PAD) * CTX_PAD  # llama.cpp pads a slot's context to this
+        return self._server(model_path, FIDELITY_MODEL, threads, cpus, None, n_ctx, 1, LlamaServerOptions())
 
     def extra(self, opts: Any, gen_len: int) -> dict[str, Any]:
         return {"top_k": 1, "cache_prompt": False}
@@ -308,24 +345,53 @@ class VllmServer(ServerEngine):
         return opts.dtype or ("bfloat16" if form == "hf-bf16" else "float32")
 
     def server(self, ctx: RunContext, form: str, opts: Any) -> dict[str, Any]:
+        return self._server(models.form_path(ctx.model, form), ctx.model, ctx.cpus or list(range(ctx.threads)),
+                            ctx.arm.numa, self.dtype(form, opts), int(ctx.params["context_len"]), self.seqs(ctx, opts),
+                            opts, ctx.arm.patches, ctx.workdir)
+
+    def _server(self, model_path: Path, alias: str, cpus: list[int], numa: Any, dtype: str, max_len: int, seqs: int,
+                opts: Any, patches: Any, workdir: Path, extra: list[str] = ()) -> dict[str, Any]:
         from harness.engines.vllm import patches_env
-        records = ctx.workdir / "records"
+        records = workdir / "records"
         records.mkdir(exist_ok=True)
-        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models.form_path(ctx.model, form)),
-            "--served-model-name", ctx.model, "--host", "127.0.0.1", "--port", "{port}",
-            "--dtype", self.dtype(form, opts), "--max-model-len", str(ctx.params["context_len"]),
-            "--max-num-seqs", str(self.seqs(ctx, opts)), "--seed", "0", "--no-enable-prefix-caching",
-            "--disable-uvicorn-access-log"]
+        cmd = affinity_prefix(cpus, numa) + [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path),
+            "--served-model-name", alias, "--host", "127.0.0.1", "--port", "{port}",
+            "--dtype", dtype, "--max-model-len", str(max_len),
+            "--max-num-seqs", str(seqs), "--seed", "0", "--no-enable-prefix-caching",
+            "--disable-uvicorn-access-log", *extra]
         if opts.eager:
             cmd.append("--enforce-eager")
         if opts.kv_cache_memory_bytes:
             cmd += ["--kv-cache-memory-bytes", str(opts.kv_cache_memory_bytes)]
-        cpus = ctx.cpus or list(range(ctx.threads))
-        env = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)), "EDGE_HARNESS_PATCHES": patches_env(ctx.arm.patches),
+        env = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)), "EDGE_HARNESS_PATCHES": patches_env(patches),
                "EDGE_HARNESS_RECORD_DIR": str(records), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                "VLLM_DO_NOT_TRACK": "1"}
         return {"cmd": cmd, "env": env}
+
+    reference_form = "hf-bf16"
+
+    def fidelity_result_block(self, eng: dict, result: dict) -> dict:
+        """The patches each of the server's processes applied, from the runtime's own record of it."""
+        applied: dict[str, dict] = {}
+        for r in result.get("runtime_records") or []:
+            for name, effect in (r.get("applied") or {}).items():
+                applied.setdefault(name, {"name": name, "applied": "declined" not in (effect or {}), "effect": effect,
+                                          "pids": []})["pids"].append(r.get("pid"))
+        return {**super().fidelity_result_block(eng, result), "patches": [applied[n] for n in sorted(applied)],
+                "overrides": {n: p["effect"] for n, p in sorted(applied.items())}}
+
+    def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
+        return self.dtype(form or "", VllmServerOptions())
+
+    def fidelity_execution(self) -> dict[str, Any]:
+        return {"compile_cache": {"key": "n/a", "state": "n/a (eager)"}, "eager": True}
+
+    def fidelity_server(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, request: dict,
+                        workdir: Path) -> dict[str, Any]:
+        # eager, every runtime patch, one sequence: as the vllm engine's fidelity mode; logprobs up to the request's k
+        return self._server(model_path, FIDELITY_MODEL, cpus, None, dtype or "float32", int(request["n_ctx"]), 1,
+                            VllmServerOptions(), "all", workdir, ["--max-logprobs", str(int(request["top_k"]))])
 
     def extra(self, opts: Any, gen_len: int) -> dict[str, Any]:
         return {"min_tokens": gen_len, "return_token_ids": True, "top_k": 1}

@@ -1,5 +1,6 @@
 """The serving worker: one process per run that starts the server (where the harness starts one), waits until it
-is ready, reads back what it says of itself, sends the load (harness/serving.py) and stops it.
+is ready, reads back what it says of itself, sends the load (harness/serving.py) and stops it. Given a fidelity
+request instead of a load, it answers that through the server's API (fidelity.py).
 
     python -m harness.engines.server.worker REQUEST.json RESULT.json
 
@@ -149,6 +150,15 @@ def main(req_path: str, out_path: str) -> int:
             status, body = get_json(base + path, api_key=api_key)
             info[path] = body if status == 200 else {"http_status": status}
         result["info"] = info
+        if req.get("fidelity") is not None:  # harness fidelity: greedy and teacher-forced, one request at a time
+            from harness.engines.server import fidelity
+            result |= fidelity.answer(req["dialect"], base, req["model"], req["fidelity"], max(1.0, deadline - time.time()))
+            if log is not None:
+                result["log_matches"] = log_matches(log, req.get("log_patterns", []))
+            result["effective"] = fidelity.effective(req["dialect"], info, result.get("log_matches") or {},
+                                                     result.get("server_affinity"))
+            result["status"] = "ok"
+            return 0
         load = serving.Load(**req["load"])
         ep = serving.Endpoint(base_url=base, model=req["model"], extra=req.get("extra", {}), api_key=api_key,
                               timeout_s=max(1.0, deadline - time.time()))
@@ -171,6 +181,9 @@ def main(req_path: str, out_path: str) -> int:
     finally:
         if proc is not None:
             result["exit_code"] = stop(proc)
+            rec_dir = (srv or {}).get("env", {}).get("EDGE_HARNESS_RECORD_DIR")  # the runtime's own record, per process
+            if rec_dir and req.get("fidelity") is not None:
+                result["runtime_records"] = [json.loads(p.read_text()) for p in sorted(Path(rec_dir).glob("*.json"))]
         if log is not None:
             result["log_tail"] = log_tail(log)
             result["log_matches"] = log_matches(log, req.get("log_patterns", []))
