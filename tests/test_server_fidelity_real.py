@@ -36,7 +36,7 @@ def test_a_llama_server_build_scores_against_its_own_reference_through_its_api(t
     teacher-forced one position a request; the same build scores top-1 1 and KL 0 against itself, and the served
     build is scored against the in-process llama.cpp engine's reference (cross-engine, not gated)."""
     g = tmp_path / "sfid.yaml"
-    g.write_text(FIDELITY.format(prompts=ROOT / "prompts" / "fidelity-v1.json"))
+    g.write_text(FIDELITY.format(prompts=ROOT / "grids" / "prompts" / "fidelity-v1.json"))
     store, refs = tmp_path / "store", tmp_path / "refs"
     rc, out, err = cli("fidelity", g, "--store", store, "--references", refs)
     assert rc == 0, err
