@@ -46,7 +46,7 @@ def test_a_llama_server_build_scores_against_its_own_reference_through_its_api(t
     assert own["verdict"] == "pass" and own["engine"]["name"] == "llama-server", own.get("error")
     s = own["summary"]
     assert s["exact_match_rate"] == 1.0 and s["top1_agreement"] == 1.0 and s["mean_kl"] < 1e-4, s
-    assert own["engine"]["build"]["fidelity_api"].startswith("POST /completion")
+    assert own["engine"]["build"]["fidelity_api"].startswith("v2: POST /completion")
     assert own["execution"]["effective"]["threads"] == 2
     cross = arts[("served-f32", True)]
     assert cross["verdict"] == "not gated" and cross["reference"]["engine"] == "llama.cpp" and cross["summary"]

@@ -165,7 +165,10 @@ class ServerEngine(Engine):
         wpath.write_text(json.dumps(wreq))
         return [sys.executable, str(WORKER), str(wpath), str(out_path)], srv["env"]
 
-    def fidelity_result_block(self, eng: dict, result: dict) -> dict:
+    def fidelity_block(self, options: dict | None = None) -> dict[str, Any]:
+        """The engine block, with how its fidelity mode asks the server (part of the build a reference is reused
+        for: a reference made through another version of the API is made anew)."""
+        eng = super().fidelity_block(options)
         return {**eng, "build": {**eng["build"], "fidelity_api": FIDELITY_API[self.name]}}
 
     def tokenizer(self, ctx: RunContext) -> str | None:
@@ -182,8 +185,10 @@ class ServerEngine(Engine):
 
 FIDELITY_MODEL = "fidelity"  # the name a fidelity server serves its model under
 FIDELITY_TIMEOUT_S = 24 * 3600.0  # the worker's own limit; harness fidelity's run_worker stops it at the grid's timeout_s
-FIDELITY_API = {"llama-server": "POST /completion: greedy with n_probs; teacher-forced one position a request",
-                "vllm-server": "POST /v1/completions: greedy with logprobs; teacher-forced by prompt_logprobs"}
+FIDELITY_API = {"llama-server": "v2: POST /completion, one position a request, n_probs: greedy = argmax of the "
+                                "logits (EOS included, ties: lowest id), teacher-forced the same on the continuation",
+                "vllm-server": "v1: POST /v1/completions: greedy with logprobs (min_tokens, ignore_eos, as the vllm "
+                               "engine); teacher-forced by prompt_logprobs"}
 
 
 # ---- llama-server -------------------------------------------------------------------------------------------

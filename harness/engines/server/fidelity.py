@@ -4,14 +4,14 @@ The serving worker (worker.py) starts the server as for a run and, given a fidel
 harness/engines/llamacpp/native/edge-fidelity.cpp), answers it through the server's own API, one request at a
 time, in the same result format, so `harness fidelity` scores a server build as it scores every engine:
 
-- `vllm-server`: `POST /v1/completions`. Greedy: the prompt's ids, `max_tokens` = `min_tokens` = n, temperature
-  0, `logprobs: top_k`, `return_token_ids` (the output's ids). Forced: the prompt followed by the continuation,
+- `vllm-server`: `POST /v1/completions`. Greedy: the prompt's ids, `max_tokens` = `min_tokens` = n (EOS is
+  banned until n, as in the vllm engine's fidelity mode), temperature 0, `logprobs: top_k`, `return_token_ids` (the output's ids). Forced: the prompt followed by the continuation,
   `max_tokens: 1`, `prompt_logprobs: top_k`: the distribution vLLM computed at every position of the
   continuation under the teacher-forced context (its top-k, and the forced token's own).
-- `llama-server`: `POST /completion`. Greedy: `n_predict` n, `top_k` 1, `n_probs: top_k`, `return_tokens`, EOS
-  ignored. Forced: one request per position (`n_predict: 1`, `n_probs: top_k`, the prompt and the continuation
-  up to it), the distribution at that position: the first from a whole prefill, each next one decoded on the
-  previous request's cache (`cache_prompt`), one token at a time as the greedy pass decoded them.
+- `llama-server`: `POST /completion`, one request per position (`n_predict: 1`, `n_probs: top_k`: the softmax
+  of the raw logits), the first from a whole prefill and each next one decoded on the previous request's cache
+  (`cache_prompt`). Greedy: the argmax at each step, EOS included and ties to the lowest id, as edge-fidelity
+  computes it (llama-server's own sampler bans EOS under `ignore_eos`); forced: the same on the continuation.
 
 A server reports the top-k of a distribution, not the whole vocabulary: a candidate outside what it reported
 gets its smallest reported log-probability (`floor`: an upper bound of that candidate's probability), as
@@ -71,31 +71,37 @@ class Vllm:
 
 
 class LlamaServer:
+    """Greedy as edge-fidelity computes it (the in-process llama.cpp engine's fidelity mode): at every step the
+    argmax of the logits, EOS included (llama-server's own sampler bans EOS under ignore_eos), ties to the
+    lowest id; one position a request, so the greedy pass is also its own teacher-forced pass."""
+
     def __init__(self, base: str, model: str, timeout: float) -> None:
         self.url, self.timeout = f"{base}/completion", timeout
+        self.last: tuple[list[int], list[int], list[dict]] | None = None
 
-    def _ask(self, ids: list[int], n: int, k: int, cache: bool) -> dict:
-        return post(self.url, {"prompt": ids, "n_predict": n, "temperature": 0.0, "top_k": 1, "n_probs": k,
-                               "ignore_eos": True, "return_tokens": True, "cache_prompt": cache, "seed": 0}, self.timeout)
-
-    @staticmethod
-    def _pairs(prob: dict) -> list[tuple[int, float]]:
-        return [(int(t["id"]), float(t["logprob"])) for t in prob["top_logprobs"]]
+    def _at(self, seq: list[int], k: int, cache: bool, candidates: list[int] | None) -> dict[str, Any]:
+        """The distribution after `seq`: the first position of a pass from a whole prefill, each next one decoded
+        on the previous request's cache (`cache_prompt`), one token at a time."""
+        r = post(self.url, {"prompt": seq, "n_predict": 1, "temperature": 0.0, "top_k": 1, "n_probs": k,
+                            "ignore_eos": True, "cache_prompt": cache, "seed": 0}, self.timeout)
+        top = r["completion_probabilities"][0]["top_logprobs"]
+        return _dist([(int(t["id"]), float(t["logprob"])) for t in top], k, candidates)
 
     def greedy(self, ids: list[int], n: int, k: int) -> dict[str, Any]:
-        r = self._ask(ids, n, k, cache=False)
-        probs = r["completion_probabilities"]
-        return {"ids": [int(p["id"]) for p in probs], "logprobs": [float(p["logprob"]) for p in probs],
-                "tokens": list(r.get("tokens") or [])}
+        out: list[int] = []
+        dists = []
+        for j in range(n):
+            d = self._at(ids + out, k, j > 0, None)
+            dists.append(d)
+            out.append(d["argmax"])
+        self.last = (ids, out, dists)
+        return {"ids": out, "logprobs": [d["top"][0][1] for d in dists]}
 
     def forced(self, ids: list[int], cont: list[int], k: int, candidates: list[list[int]] | None) -> dict[str, Any]:
-        dists = []
-        for j in range(len(cont)):
-            # the first position from a whole prefill, as the greedy pass computed it; each next one from the
-            # previous request's cache plus the one token it adds: the greedy pass's one-token decode steps
-            r = self._ask(ids + cont[:j], 1, k, cache=j > 0)
-            dists.append(_dist(self._pairs(r["completion_probabilities"][0]), k, candidates[j] if candidates else None))
-        return _forced(dists, cont)
+        if candidates is None and self.last is not None and self.last[:2] == (ids, cont):
+            return _forced(self.last[2], cont)  # its own greedy tokens: the same requests, already answered
+        return _forced([self._at(ids + cont[:j], k, j > 0, candidates[j] if candidates else None)
+                        for j in range(len(cont))], cont)
 
 
 DIALECTS = {"vllm-server": Vllm, "llama-server": LlamaServer}
