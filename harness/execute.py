@@ -26,7 +26,7 @@ from typing import Any, Iterator, Protocol
 
 from harness import grid, lifecycle, provenance, runner
 from harness.errors import UserError
-from harness.schedule import RunSpec, passes_warning, schedule
+from harness.schedule import RunSpec, passes_warning, probe_keys, schedule
 from harness.store import Store, gc_paused, load_path
 
 
@@ -409,7 +409,7 @@ class _Loop:
     def one(self, m: Machine, r: RunSpec, i: int, n: int) -> bool:
         from harness import sweep
         if sweep.between(r.cell.params.get("rate")) is not None:  # its rate: from the pass's probes, stored by now
-            r = replace(r, sweep=sweep.resolve(self.spec, r, m.done))
+            r = replace(r, sweep=sweep.resolve(r, probe_keys(self.spec, r), m.done))
         eta = ""
         if m.durations:
             rem = sum(m.durations) / len(m.durations) * (n - i + 1)

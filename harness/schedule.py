@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from functools import lru_cache
 
-from harness.grid import Cell, GridSpec, arms_for, expand
+from harness.grid import Cell, GridSpec, arms_for, cell_id, expand
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,16 @@ class RunSpec:
 
 def run_key(cell_id: str, arm: str, pass_index: int) -> str:
     return hashlib.sha256(f"{cell_id}|{arm}|{pass_index}".encode()).hexdigest()[:16]
+
+
+def probe_keys(spec: GridSpec, run: RunSpec) -> dict[str, dict[str, str]]:
+    """A rate sweep point's probes in its pass (harness/sweep.py): probe -> arm -> run key."""
+    from harness import sweep
+    out: dict[str, dict[str, str]] = {}
+    for probe in (sweep.SYNC, sweep.MAX):
+        cid = cell_id({**run.cell.params, "rate": probe})
+        out[probe] = {a.name: run_key(cid, a.name, run.pass_index) for a in arms_for(spec, run.cell)}
+    return out
 
 
 def williams(n: int) -> list[list[int]]:

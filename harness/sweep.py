@@ -66,25 +66,23 @@ def _req_s(a: Any) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def resolve(spec: Any, run: Any, done: dict[str, list]) -> dict[str, Any]:
+def resolve(run: Any, probes: dict[str, dict[str, str]], done: dict[str, list]) -> dict[str, Any]:
     """The load of a point between the probes: {point, rate_req_s, sync_req_s, max_req_s, from}, or {point,
-    error} when a probe of its pass has no ok artifact in `done` (run key -> this machine's artifacts)."""
-    from harness.grid import arms_for, cell_id
-    from harness.schedule import run_key
+    error} when a probe of its pass has no ok artifact in `done` (run key -> this machine's artifacts).
+    `probes`: probe -> arm -> the run key of that arm's probe in the point's pass (schedule.probe_keys)."""
     value = run.cell.params["rate"]
     k, m = between(value)  # type: ignore[misc]
     got: dict[str, dict[str, dict]] = {}
     for probe in (SYNC, MAX):
-        cid = cell_id({**run.cell.params, "rate": probe})
-        for arm in arms_for(spec, run.cell):
-            arts = done.get(run_key(cid, arm.name, run.pass_index), [])
+        for arm, key in probes[probe].items():
+            arts = done.get(key, [])
             ok = [a for a in arts if a.status == "ok"]
             v = _req_s(ok[-1]) if ok else None
             if v is None:
                 state = "has no measured request throughput" if ok else "failed" if arts else "has not run"
-                return {"point": value, "error": f"pass {run.pass_index}'s {probe} run of arm {arm.name} {state}: "
+                return {"point": value, "error": f"pass {run.pass_index}'s {probe} run of arm {arm} {state}: "
                         "a sweep's rates come from its pass's sync and max runs"}
-            got.setdefault(arm.name, {})[probe] = {"request_throughput_req_s": v, "artifact": ok[-1].id}
+            got.setdefault(arm, {})[probe] = {"request_throughput_req_s": v, "artifact": ok[-1].id}
     lo = min(g[SYNC]["request_throughput_req_s"] for g in got.values())
     hi = max(g[MAX]["request_throughput_req_s"] for g in got.values())
     return {"point": value, "rate_req_s": lo + (hi - lo) * k / (m + 1), "sync_req_s": lo, "max_req_s": hi,

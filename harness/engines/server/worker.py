@@ -151,11 +151,11 @@ def main(req_path: str, out_path: str) -> int:
             info[path] = body if status == 200 else {"http_status": status}
         result["info"] = info
         if req.get("fidelity") is not None:  # harness fidelity: greedy and teacher-forced, one request at a time
-            from harness.engines.server import fidelity
-            result |= fidelity.answer(req["dialect"], base, req["model"], req["fidelity"], max(1.0, deadline - time.time()))
+            from harness.engines.server.fidelity import answer, effective
+            result |= answer(req["dialect"], base, req["model"], req["fidelity"], max(1.0, deadline - time.time()))
             if log is not None:
                 result["log_matches"] = log_matches(log, req.get("log_patterns", []))
-            result["effective"] = fidelity.effective(req["dialect"], info, result.get("log_matches") or {},
+            result["effective"] = effective(req["dialect"], info, result.get("log_matches") or {},
                                                      result.get("server_affinity"))
             result["status"] = "ok"
             return 0
