@@ -251,8 +251,9 @@ def test_vllm_server_with_the_patched_runtime_at_a_capped_poisson_rate(tmp_path)
     assert "threads-follow-bind" in eff["patches_applied"] and len(eff["runtime_records"]) >= 2  # API server, core
     rep = a["serving"]["repetitions"][0]
     assert len(rep["requests"]) == 8 and rep["most_in_flight"] <= 2
-    for r in rep["requests"]:
-        assert r["error"] is None and r["chunk_tokens"] == [1] * 8 and r["usage"]["completion_tokens"] == 8
+    for r in rep["requests"]:  # vLLM's API server may put several tokens in one chunk when it falls behind (load)
+        assert r["error"] is None and sum(r["chunk_tokens"]) == 8 == r["usage"]["completion_tokens"]
+        assert all(n >= 1 for n in r["chunk_tokens"]) and len(r["chunks_s"]) == len(r["chunk_tokens"])
     assert eff["usage_check"]["ok"] and a["metrics"]["goodput_share"]["samples"] == [1.0]
     assert a["workload"]["load"] == {"requests": 8, "concurrency": 2, "rate": 8, "arrival": "poisson",
                                      "burstiness": 1.0, "seed": 0}
