@@ -695,7 +695,7 @@ def sweep_view(series: list, baseline: str) -> SweepView | None:
         by_point: dict[str, list[float]] = defaultdict(list)
         seen: set[tuple[str, int]] = set()
         for a in mine:
-            r = (a.workload.load or {}).get("sweep", {}).get("rate_req_s")
+            r = sweep.record_of(a).get("rate_req_s")
             point = a.grid.cell_params["rate"]
             if a.status == "ok" and r is not None and (point, a.grid.pass_index) not in seen:  # one per pass
                 seen.add((point, a.grid.pass_index))

@@ -746,8 +746,12 @@ def _check_file(f: Path, allow_unknown_commit: bool) -> tuple[list[str], dict | 
     kind = doc.get("kind")
     if kind == "reference" and isinstance(doc.get("id"), str):
         rec["reference"] = _ref_summary(a) if a is not None else None
-    if kind == "run" and a is not None and a.workload.load and isinstance(a.workload.load.get("sweep"), dict):
-        rec["sweep"] = _sweep_record(a)
+    if kind == "run" and a is not None and a.workload.load and "sweep" in a.workload.load:
+        if isinstance(a.workload.load["sweep"], dict):
+            rec["sweep"] = _sweep_record(a)
+        else:
+            problems.append(f"{where}: workload.load.sweep: must be a mapping (a rate sweep point's record), got "
+                            f"{type(a.workload.load['sweep']).__name__}")
     if kind == "fidelity" and isinstance(doc.get("reference"), dict):
         rec["fidelity"] = {"rid": doc["reference"].get("id"), "parsed": None if a is None else {
             "reference": a.reference, "prompt_set": a.prompt_set.model_dump(mode="json"),

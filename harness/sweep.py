@@ -93,10 +93,17 @@ def resolve(run: Any, probes: dict[str, dict[str, str]], done: dict[str, list]) 
 def offered(a: Any) -> float | None:
     """The rate a sweep run was sent at: a point's resolved rate; for a probe, the request throughput it reached
     (a closed loop has no rate of its own)."""
-    sw = (a.workload.load or {}).get("sweep") or {}
+    sw = record_of(a)
     if "rate_req_s" in sw:
         return float(sw["rate_req_s"])
     return _req_s(a) if sw.get("point") in (SYNC, MAX) else None
+
+
+def record_of(a: Any) -> dict[str, Any]:
+    """A run's recorded sweep block (`workload.load.sweep`), {} where it has none or it is not a mapping (a store is
+    untrusted input: harness check reports such a block)."""
+    sw = (a.workload.load or {}).get("sweep")
+    return sw if isinstance(sw, dict) else {}
 
 
 def meets(a: Any, share: float) -> bool:

@@ -187,6 +187,15 @@ def test_check_recomputes_a_sweep_points_rate_from_the_probes_it_names(served, t
     (forged / f"{edited['id']}.json").write_text(json.dumps(edited))
     _, problems = check.check([str(forged)])
     assert any("workload.load.sweep: rate" in p and "is not" in p for p in problems), problems
+    (forged / f"{edited['id']}.json").unlink()
+    edited["workload"]["load"]["sweep"] = "x"  # not a mapping: reported in one line, nothing read from it
+    edited["id"] = compute_id(edited)
+    (forged / f"{edited['id']}.json").write_text(json.dumps(edited))
+    _, problems = check.check([str(forged)])
+    assert any("workload.load.sweep: must be a mapping" in p for p in problems), problems
+    from harness import analysis, artifact
+    arts = [artifact.parse(json.loads(p.read_text()), p.name) for p in forged.glob("*.json")]
+    assert analysis.sweep_view(arts, "llama-server") is not None  # the page renders beside it
     alone = tmp_path / "alone"
     alone.mkdir()
     shutil.copy(src / f"{mid['id']}.json", alone)
