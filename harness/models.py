@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import usermodels
+from harness.engines.onnxruntime import forms as onnx_forms
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT, downloads_dir, models_root, sha256_file
 from harness.usermodels import matmul_parameters  # noqa: F401 (the zoo's shapes use it; its home is the lower layer)
@@ -561,9 +562,21 @@ def verify(name: str, full: bool = False) -> list[str]:
     return problems
 
 
+# Forms an engine's own offline converter makes from a prepared model's hf-fp32, on demand (when a grid or a
+# fidelity build loads one): added to the prepared copy (its other files kept, hard-linked), hashed into its
+# manifest, each with the recipe that made it (a form whose recipe is not the current one is made again).
+DERIVED: dict[str, Any] = {f: onnx_forms for f in onnx_forms.FORMS}
+
+
 def can_have(name: str, form: str) -> bool:
-    """Whether a model can have this form: a user's model, one of user_forms; any other, whatever its builder makes."""
-    return form in user_forms(USER[name]) if _extends(name) else True
+    """Whether a model can have this form: a user's model, one of user_forms or a derived form; any other, whatever
+    its builder makes."""
+    return form in user_forms(USER[name]) or form in DERIVED if _extends(name) else True
+
+
+def _stale_or_missing(m: dict, derived: list[str]) -> list[str]:
+    """The derived forms asked for that the manifest lacks, or holds by another recipe than today's."""
+    return [f for f in derived if (m["forms"].get(f) or {}).get("recipe") != DERIVED[f].recipe(f)]
 
 
 def _extends(name: str) -> bool:
@@ -571,11 +584,17 @@ def _extends(name: str) -> bool:
     return name in USER and USER[name].kind != "synthetic"
 
 
+MANIFEST_OWN = ("name", "description", "key", "recipe_version", "prepared_at", "prepare_seconds", "files")
+
+
 def prepare(name: str, rebuild: bool = False, forms: list[str] | None = None) -> dict:
     """Build (or verify and reuse) one model; returns its manifest. `forms`: of a user's model, the forms to have
     (None: every one); a prepared copy that lacks some is extended with them, its other files kept."""
     d = get_def(name)
     root = model_dir(name)
+    derived = [f for f in dict.fromkeys(forms or []) if f in DERIVED]
+    if forms is not None:  # the builder's own forms (and the HF form the derived ones are made from)
+        forms = [f for f in forms if f not in DERIVED] or (["hf-fp32"] if derived else [])
     have = None
     if root.exists() and (root / "manifest.json").exists():
         problems = verify(name)
@@ -583,7 +602,7 @@ def prepare(name: str, rebuild: bool = False, forms: list[str] | None = None) ->
             m = load_manifest(name)
             missing = [] if not _extends(name) else [f for f in (forms or m.get("forms_possible") or [])
                                                       if f not in m["forms"]]
-            if not missing:
+            if not missing and not _stale_or_missing(m, derived):
                 return m
             have, known = m["forms"], m["files"]
         elif not rebuild:
@@ -600,8 +619,18 @@ def prepare(name: str, rebuild: bool = False, forms: list[str] | None = None) ->
             shutil.copytree(root, stage, copy_function=os.link, ignore=shutil.ignore_patterns("manifest.json"))
         if _extends(name):
             info = d.builder(stage, sorted(set(forms or []) | set(have or {})) if forms else None, have)
+        elif have is not None:  # a zoo model extended by derived forms only: its own forms as they are
+            info = {k: copy.deepcopy(v) for k, v in m.items() if k not in MANIFEST_OWN}
         else:
             info = d.builder(stage)
+        for f in _stale_or_missing(info, derived):
+            src = info["forms"].get("hf-fp32")
+            if src is None:
+                raise UserError(f"model {name}", f"form {f!r} is made from hf-fp32, which this model lacks",
+                                "use a model with an HF form (a GGUF of an architecture transformers dequantizes)")
+            shutil.rmtree(stage / f, ignore_errors=True)  # of another recipe: made again
+            print(f"[models] {name}: making {f} from hf-fp32", file=sys.stderr)
+            info["forms"][f] = DERIVED[f].build(stage / src["path"], stage / f, f)
         manifest = {"name": name, "description": d.description, "key": root.name, "recipe_version": RECIPE_VERSION,
                     "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "prepare_seconds": round(time.time() - t0, 1), **info,
@@ -623,7 +652,9 @@ def ensure(name: str, forms: list[str] | None = None) -> Path:
     root = model_dir(name)
     if not (root / "manifest.json").exists():
         prepare(name, forms=forms)
-    elif forms and _extends(name) and set(forms) - set(load_manifest(name)["forms"]):
+    elif forms and _extends(name) and set(forms) - set(load_manifest(name)["forms"]) - set(DERIVED):
+        prepare(name, forms=forms)
+    elif _stale_or_missing(load_manifest(name), [f for f in forms or [] if f in DERIVED]):
         prepare(name, forms=forms)
     return root
 

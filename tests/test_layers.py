@@ -13,7 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "harness"
 # The model zoo makes its GGUF forms with the pinned llama.cpp's converters (the build module alone: the
 # llama.cpp package's __init__ imports nothing).
-ALLOWED = {("harness.models", "harness.engines.llamacpp"), ("harness.models", "harness.engines.llamacpp.build")}
+# Its ONNX forms, with ONNX Runtime GenAI's builder (forms.py alone: that package's __init__ imports nothing either).
+ALLOWED = {("harness.models", "harness.engines.llamacpp"), ("harness.models", "harness.engines.llamacpp.build"),
+           ("harness.models", "harness.engines.onnxruntime"), ("harness.models", "harness.engines.onnxruntime.forms")}
 
 
 def _modules() -> dict[str, Path]:

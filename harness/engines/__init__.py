@@ -17,6 +17,7 @@ ENGINES: dict[str, str] = {
     "vllm": "harness.engines.vllm:Vllm",
     "command": "harness.engines.command:Command",
     "openvino": "harness.engines.openvino:OpenVino",
+    "onnxruntime-genai": "harness.engines.onnxruntime.engine:OnnxRuntimeGenAi",
     "llama-server": "harness.engines.server:LlamaServer",
     "vllm-server": "harness.engines.server:VllmServer",
     "openai": "harness.engines.server:OpenAi",

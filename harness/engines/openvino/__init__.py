@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import metrics, models
+from harness.engines import wheels
 from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_worker, setting
 from harness.errors import UserError
 
@@ -88,14 +89,6 @@ def require() -> str:
     return v
 
 
-def _record_hex(h) -> str | None:
-    """A RECORD entry's hash (urlsafe base64 of the digest) as hex."""
-    import base64
-    if h is None or h.mode != "sha256":
-        return None
-    return base64.urlsafe_b64decode(h.value + "=" * (-len(h.value) % 4)).hex()
-
-
 @lru_cache(maxsize=None)
 def _build_string(path: str, size: int, mtime_ns: int, version: str) -> str:
     """The build string compiled into a library (what openvino.get_version() returns), found in its bytes."""
@@ -113,26 +106,7 @@ def _build_string(path: str, size: int, mtime_ns: int, version: str) -> str:
 def libraries() -> dict[str, dict[str, Any]]:
     """Each engine library: its installed path, size, sha256 (hash cache: read once per file version), and the
     sha256 its wheel's RECORD lists (equal unless the file was changed after install)."""
-    from harness.hashcache import HashCache
-    cache = HashCache.default()
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        for dist in DISTS:
-            d = metadata.distribution(dist)
-            for f in d.files or ():
-                if not LIBRARY.search(f.name):
-                    continue
-                p = Path(f.locate())
-                digest = cache.sha256(p)
-                rec = _record_hex(f.hash)
-                out[f.name] = {"dist": dist, "path": str(p), "size": p.stat().st_size, "sha256": digest,
-                               "record_sha256": rec, "matches_record": rec == digest}
-    except metadata.PackageNotFoundError as e:
-        raise UserError("engine openvino", f"{e.name} is not installed (the optional extra `openvino`)",
-                        INSTALL_FIX) from None
-    finally:
-        cache.save()
-    return out
+    return wheels.libraries(DISTS, LIBRARY, "openvino", "openvino", INSTALL_FIX)
 
 
 def _build(libs: dict[str, dict], stem: str, dist: str) -> str:
@@ -194,8 +168,7 @@ class OpenVino(Engine):
                 "build": {"openvino_build": ov_build, "openvino_genai_build": genai_build,
                           "distributions": {d: metadata.version(d) for d in DISTS},
                           "binary": genai or "unknown", "binary_sha256": libs[genai]["sha256"] if genai else "unknown",
-                          "libraries": {k: {x: v[x] for x in ("dist", "size", "sha256", "record_sha256",
-                                                                 "matches_record")} for k, v in sorted(libs.items())},
+                          "libraries": wheels.build_block(libs),
                           "attention_backend": ATTENTION_BACKEND,
                           "worker": "harness/engines/openvino/worker.py",
                           "worker_sha256": hashlib.sha256(WORKER.read_bytes()).hexdigest()}}

@@ -6,7 +6,8 @@ first) submits one request of the harness's prompt token ids (not text), decodes
 ignored for exactly gen_len tokens, and stamps each output token in a streamer. It reads back what the library
 lets it: the build string, the threads that ran the model (from the kernel: LLMPipeline does not expose its
 compiled model's INFERENCE_NUM_THREADS), its own CPU affinity, the prompt and output token counts, the load
-time and the library's own per-token times. Standard library and openvino only: no harness import.
+time and the library's own per-token times. Standard library, openvino and harness/engines/workerlib.py (the
+workers' shared helpers, standard library) only.
 
 `python worker.py --fidelity CONFIG.json RESULT.json` answers a `harness fidelity` request instead (the request and
 result format of harness/engines/llamacpp/native/edge-fidelity.cpp): per prompt, greedy ids from the same
@@ -24,26 +25,13 @@ import json
 import os
 import sys
 import time
-import traceback
 
 # started as a script: its folder (harness/engines/openvino) must not stand in front of the real packages
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)
 
-# a thread counts as running the model when it used at least this share of the busiest thread's CPU time
-BUSY_SHARE = 0.10
-
-
-def thread_cpu_ns() -> dict[int, int]:
-    """CPU time (ns, /proc/self/task/*/schedstat) of each thread of this process."""
-    out = {}
-    for t in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{t}/schedstat") as f:
-                out[int(t)] = int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return out
+from harness.engines.workerlib import (add_busy, log_softmax, running_threads, scored_prompts,  # noqa: E402
+                                      sha256_of, thread_cpu_ns, write_result)
 
 
 def one_line(text: str) -> str:
@@ -55,20 +43,7 @@ def one_line(text: str) -> str:
 
 def main(req_path: str, out_path: str, mode: str = "measure") -> int:
     req = json.loads(open(req_path).read())
-    res: dict = {"status": "failed"}
-    try:
-        res = fidelity(req) if mode == "fidelity" else measure(req)
-        code = 0 if res["status"] == "ok" else 1
-    except Exception as e:  # reported in the result file: the harness stores it as a failed run
-        traceback.print_exc()
-        res = {"status": "failed", "error": f"{type(e).__name__}: {one_line(str(e))}",
-               "traceback": traceback.format_exc()[-4000:]}
-        code = 1
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(res, f)
-    os.replace(tmp, out_path)
-    return code
+    return write_result(out_path, lambda: fidelity(req) if mode == "fidelity" else measure(req), one_line)
 
 
 def load_pipeline(model_path: str, threads: int, attention_backend: str, **extra):
@@ -141,8 +116,7 @@ def measure(req: dict) -> dict:
         result = pipe.generate(inputs, config, streamer)
         after = thread_cpu_ns()
         if not rep["warmup"]:
-            for tid, ns in after.items():
-                busy_ns[tid] = busy_ns.get(tid, 0) + ns - before.get(tid, 0)
+            add_busy(busy_ns, before, after)
         out_ids = [int(i) for i in result.tokens[0]]
         if len(streamer.times) != gen_len or streamer.ids != out_ids:
             return {"status": "failed", "error": f"the streamer stamped {len(streamer.times)} tokens, the request "
@@ -157,8 +131,7 @@ def measure(req: dict) -> dict:
         batch_sizes.append(max(int(b) for b in raw.m_batch_sizes) if len(raw.m_batch_sizes) else None)
         samples.append({"warmup": bool(rep["warmup"]), "requests": [{"token_times_s": streamer.times}]})
         output_hashes.append(hashlib.sha256(json.dumps(out_ids).encode()).hexdigest())
-    top = max(busy_ns.values(), default=0)
-    running = sorted((ns for ns in busy_ns.values() if top and ns >= BUSY_SHARE * top), reverse=True)
+    running = running_threads(busy_ns)
     core = ov.Core()  # the CPU plugin's defaults (not the pipeline's compiled model, which GenAI does not expose)
     defaults = {}
     for key in ("INFERENCE_PRECISION_HINT", "KEY_CACHE_PRECISION", "VALUE_CACHE_PRECISION", "NUM_STREAMS",
@@ -199,34 +172,6 @@ GREEDY_SOURCE = ("ids: LLMPipeline.generate on the prompt ids with the measureme
                  "ignore_eos, exactly n_predict tokens) and scheduler config (paged attention); logprobs and top: the "
                  "teacher-forced pass over those ids (LLMPipeline gives one summed log-probability per sequence, kept "
                  "as library_scores, and no distribution)")
-
-
-def log_softmax(logits):
-    """Log-softmax of each row (float64)."""
-    import numpy as np
-
-    x = logits.astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    return x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
-
-
-def top_k(row, k: int) -> list:
-    """The k most likely [id, logprob] of one position, ties to the lowest id (as edge-fidelity)."""
-    import numpy as np
-
-    k = min(k, row.size)
-    kth = np.partition(row, row.size - k)[row.size - k]
-    cand = np.nonzero(row >= kth)[0]
-    order = cand[np.lexsort((cand, -row[cand]))][:k]
-    return [[int(i), float(row[i])] for i in order]
-
-
-def sha256_of(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def fidelity(cfg: dict) -> dict:
@@ -272,38 +217,17 @@ def fidelity(cfg: dict) -> dict:
 
     config = greedy_config(n)
     config.logprobs = 1  # the library's summed log-probability of each greedy sequence (its decode path), recorded
-    prompts, library_scores, forced_scores = [], [], []
-    for p in req["prompts"]:
-        ids = [int(i) for i in p["ids"]]
-        if not ids or n < 1:
-            return {"status": "failed", "error": f"an empty prompt or n_predict {n}"}
+    library_scores = []
+
+    def greedy(ids: list[int]) -> list[int]:
         result = pipe.generate(tokenized(ids), config)
-        g_ids = [int(i) for i in result.tokens[0]]
-        if len(g_ids) != n:
-            return {"status": "failed", "error": f"LLMPipeline returned {len(g_ids)} tokens, n_predict is {n}"}
-        g_lp = forced_logprobs(ids, g_ids)
-        rows = range(len(g_ids))
-        res = {"greedy": {"ids": g_ids, "logprobs": [float(g_lp[j, t]) for j, t in zip(rows, g_ids)],
-                          "top": [top_k(g_lp[j], k) for j in rows]}}
         library_scores.append(float(result.scores[0]))
-        forced_scores.append(float(sum(res["greedy"]["logprobs"])))
-        if "forced" in p or p.get("self_forced"):
-            forced = [int(i) for i in p["forced"]] if "forced" in p else g_ids
-            if not forced:
-                return {"status": "failed", "error": "an empty forced continuation"}
-            lp = g_lp if forced == g_ids else forced_logprobs(ids, forced)
-            cands = p.get("candidates") or []
-            f_c = []
-            for j in range(len(forced)):
-                c = [int(v) for v in (cands[j] if j < len(cands) else [])]
-                bad = [v for v in c if not 0 <= v < n_vocab]
-                if bad:
-                    return {"status": "failed", "error": f"candidate id {bad[0]} out of range (vocabulary {n_vocab})"}
-                f_c.append([float(lp[j, v]) for v in c])
-            res["forced"] = {"argmax": [int(a) for a in lp.argmax(axis=1)],
-                             "logprobs": [float(lp[j, t]) for j, t in enumerate(forced)], "candidates": f_c,
-                             "top": [top_k(lp[j], k) for j in range(len(forced))]}
-        prompts.append(res)
+        return [int(i) for i in result.tokens[0]]
+
+    prompts, error = scored_prompts(req, greedy, forced_logprobs, n_vocab)
+    if error:
+        return {"status": "failed", "error": error}
+    forced_scores = [float(sum(p["greedy"]["logprobs"])) for p in prompts]
 
     def prop(key: str) -> str:
         try:

@@ -1,0 +1,221 @@
+"""The `onnxruntime-genai` engine: ONNX Runtime GenAI's og.Model on the CPU, loading the zoo's ONNX forms.
+
+The forms are made offline from the model's hf-fp32 by the pinned package's own builder (forms.py); one fresh
+process of worker.py per run (the only code that imports onnxruntime_genai), pinned by taskset like every engine.
+Per repetition the worker appends the harness's prompt token ids (harness/metrics.py: the same ids as every engine)
+to a fresh generator, calls generate_next_token() once per output token (greedy, end of sequence ignored, exactly
+gen_len tokens) and stamps each token after it is sampled and detokenized: one library call per token, so the stamps
+are the tokens' own. The metrics are computed from those stamps by harness/metrics.py, as for every engine.
+
+Read back: the threads that ran the model (the worker's threads with CPU time during the measured requests, from
+the kernel), its CPU affinity, prompt and output token counts, the shared libraries it loaded (they must be the
+ones hashed here) and the versions and commit. Not read back (observe only): the KV cache size (each generator
+sizes its own to max_length = prompt_len + gen_len; context_len is a bound checked at plan) and the compute types
+(the form's: float32 activations, MatMulNBits int4 weights with int8 activations in the MatMul for the int4 forms).
+
+Fidelity (worker.py --fidelity): greedy ids from the measurement's own loop, teacher-forced log-probabilities from
+the model's logits output over prompt + continuation. The reference form is onnx-fp32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from harness import metrics, models
+from harness.engines import wheels
+from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_worker, setting
+from harness.engines.onnxruntime.forms import DIST, FORMS, INSTALL_FIX, PIN, require
+from harness.errors import UserError
+
+NAME = "onnxruntime-genai"
+WORKER = Path(__file__).with_name("worker.py")
+# the shared libraries that make up the engine, hashed into provenance (sha256 of the installed file and the sha256
+# its wheel's RECORD lists): GenAI, its Python binding, and the ONNX Runtime it loads
+LIBRARY = re.compile(r"(libonnxruntime(-genai)?\.so(\.[\d.]+)?|onnxruntime_genai\.cpython-[\w-]+\.so|"
+                     r"libonnxruntime_providers_shared\.so)$")
+DISTS = ("onnxruntime-genai", "onnxruntime")
+ENV_PREFIXES = ("ORT_", "ORTGENAI_", "OMP_", "OPENBLAS_")  # what ONNX Runtime, its thread pools and numpy read
+# Every worker runs with these (recorded in the artifact's env): numpy's OpenBLAS thread (which the model never
+# uses: ONNX Runtime computes with its own MLAS) otherwise spins beside the session's threads and is counted as
+# one of them; GenAI's telemetry off (its 1DS worker thread wakes on the first generation; the worker also calls
+# og.disable_telemetry_events()).
+WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1", "ORT_DISABLE_TELEMETRY": "1"}
+
+TIMESTAMPS = ("time.perf_counter() in the worker after each og.Generator.generate_next_token() (the token sampled, "
+              "greedy) and its detokenization (TokenizerStream.decode), relative to the start of the request (before "
+              "the generator is made and the prompt ids appended, which runs the prefill)")
+THREADS_SOURCE = ("threads of the worker process with at least 10% of the busiest one's CPU time "
+                  "(/proc/self/task/*/schedstat) over the measured requests; the session's intra_op_num_threads "
+                  "was set to the requested count (config overlay, inter_op_num_threads 1)")
+CONTEXT_REASON = ("not settable: each og.Generator sizes its KV cache to its max_length, prompt_len + gen_len; "
+                  "prompt_len + gen_len is checked not to exceed context_len")
+
+
+def libraries() -> dict[str, dict[str, Any]]:
+    """Each engine library: its installed path, size, sha256 and the sha256 its wheel's RECORD lists."""
+    return wheels.libraries(DISTS, LIBRARY, NAME, "onnxruntime", INSTALL_FIX)
+
+
+def _commit() -> str:
+    """The commit onnxruntime-genai's package names (its __init__.py's __commit__), read without importing it."""
+    init = Path(metadata.distribution(DIST).locate_file("onnxruntime_genai/__init__.py"))
+    m = re.search(r'^__commit__ = "([0-9a-f]{7,40})"', init.read_text(), re.M)
+    return m.group(1) if m else "unknown"
+
+
+class OnnxRuntimeGenAi(Engine):
+    name = NAME
+    default_form = "onnx-fp32"
+    form_prefix = "onnx-"
+    form_hint = f"onnxruntime-genai {PIN} loads {', '.join(FORMS)} (made from the model's hf-fp32)"
+    Options = Options  # threads only: nothing else is both settable and readable back
+    honours = frozenset({"prompt_len", "gen_len", "context_len", "warmups", "repetitions"})
+    max_batch = 1  # one generator, one sequence: its tokens stamped one call at a time
+    metrics = metrics.NAMES
+    observe_only = frozenset({"dtype", "kv_cache_memory_bytes", "context_len"})  # the form's types; CONTEXT_REASON
+    reference_form = "onnx-fp32"
+    env_prefixes = ENV_PREFIXES
+
+    def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
+        form = form or self.default_form
+        _refuse_form(f"model {model}", form)
+        require()
+        return form
+
+    def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        if arm.form is not None:
+            _refuse_form(f"{path}: arms[{arm.name}].form", arm.form)
+        where, forms = workload.get("form", ("axes.form", set()))
+        for f in sorted(forms):
+            _refuse_form(f"{path}: {where} (arm {arm.name})", f)
+        sizes = {k: workload.get(k, (f"workload.{k}", set())) for k in ("prompt_len", "gen_len", "context_len")}
+        if all(len(v[1]) == 1 for v in sizes.values()):
+            (p,), (g,), (c,) = (v[1] for v in sizes.values())
+            if p + g > c:
+                raise UserError(path, f"{sizes['context_len'][0]}: {c} for arm {arm.name!r}, but prompt_len {p} + "
+                                      f"gen_len {g} = {p + g} tokens do not fit in it",
+                                "raise context_len or shorten the request")
+
+    def engine_info(self) -> dict[str, Any]:
+        version = require()
+        libs = libraries()
+        genai = next((k for k in libs if k.startswith("libonnxruntime-genai.so")), None)
+        return {"name": NAME, "version": f"{DIST}=={version}, onnxruntime=={metadata.version('onnxruntime')} (PyPI)",
+                "build_commit": f"onnxruntime-genai {_commit()}",
+                "build": {"distributions": {d: metadata.version(d) for d in DISTS},
+                          "binary": genai or "unknown", "binary_sha256": libs[genai]["sha256"] if genai else "unknown",
+                          "libraries": wheels.build_block(libs),
+                          "execution_provider": "cpu",
+                          "worker": "harness/engines/onnxruntime/worker.py",
+                          "worker_sha256": hashlib.sha256(WORKER.read_bytes()).hexdigest()}}
+
+    def _env(self, ctx_env: dict[str, str] | None = None) -> dict[str, str]:
+        return {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **WORKER_ENV,
+                **(ctx_env or {}), "PYTHONNOUSERSITE": "1"}
+
+    def run(self, ctx: RunContext, form: str) -> EngineResult:
+        p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])
+        c, b = int(ctx.params["context_len"]), int(ctx.params.get("batch", 1))
+        w, reps = ctx.spec.warmups, ctx.spec.repetitions
+        requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
+                     "context_len": c, "batch": b, "warmups": w, "repetitions": reps, **ctx.arm.options}
+        env_rec = self._env({**ctx.arm.env, **ctx.env})
+        info = self.engine_info()
+        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [sys.executable, str(WORKER), "request.json", "result.json"]
+        if b != 1 or p + g > c:  # refused at plan; a run reached otherwise (a cell of several values) fails here
+            why = f"batch {b}: {NAME} runs one request at a time" if b != 1 else \
+                f"prompt_len {p} + gen_len {g} exceed context_len {c}"
+            return failed("failed", why, cmd, env_rec, "", info, requested)
+        prompts = metrics.request_prompts(ctx.model, p, b, w + reps)
+        request = {"model_path": str(models.form_path(ctx.model, form)), "threads": ctx.threads, "gen_len": g,
+                   "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)]}
+        req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
+        req_path.write_text(json.dumps(request))
+        cmd = cmd[:-2] + [str(req_path), str(out_path)]
+        worker = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, f"{NAME} worker",
+                            cwd=ctx.workdir, poll_s=ctx.poll_s)
+        if worker.result is None:
+            return worker.failed(cmd, env_rec, info, requested)
+        r, res = worker.proc, worker.result
+        eff, samples = res["effective"], res["samples"]
+        problem = _mismatch(eff, p, g, len(samples), w + reps)
+        if problem:
+            return failed("failed", problem, cmd, env_rec, r.stderr, info, requested, r.peak_memory)
+        settings = {
+            "threads": setting(ctx.threads, eff["threads"], THREADS_SOURCE),
+            "cpus": setting(ctx.cpus, eff["cpu_affinity"], f"sched_getaffinity(0) inside the {NAME} worker"),
+            "context_len": setting(c, None, CONTEXT_REASON),
+            "batch": setting(b, 1, "one og.Generator of batch_size 1 per request"),
+            "warmups": setting(w, sum(1 for s in samples if s["warmup"]), "warm-up requests the worker ran"),
+        }
+        effective = {**eff, "load_s": res.get("load_s"), "timestamps": TIMESTAMPS,
+                     "form_recipe": models.load_manifest(ctx.model)["forms"][form].get("recipe"),
+                     "metric_definitions": metrics.DEFINITIONS_VERSION}
+        return EngineResult(status="ok", metrics=metrics.from_timestamps(samples, p), engine=info, requested=requested,
+                            effective=effective, command=cmd, env=env_rec, peak_memory=r.peak_memory,
+                            after_load={"status": "not separable",
+                                        "reason": f"the {NAME} worker loads and measures in one process; see after_run"},
+                            prompt_token_hash=metrics.prompts_hash(prompts),
+                            compile_cache={"key": "n/a", "state": "n/a (the session is created in every run; no "
+                                                                  "optimized model is saved)"},
+                            eager=None, settings=settings)
+
+    # ---- fidelity -------------------------------------------------------------------------------------
+    def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
+        if form is not None:
+            _refuse_form(f"fidelity build form {form!r}", form)
+        return None  # the form's types
+
+    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
+                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
+        cfg = {"model_path": str(model_path), "threads": threads, "request_path": str(req_path)}
+        cfg_path = workdir / "fidelity-config.json"
+        cfg_path.write_text(json.dumps(cfg))
+        cmd = affinity_prefix(cpus, None) + [sys.executable, str(WORKER), "--fidelity", str(cfg_path), str(out_path)]
+        return cmd, self._env()
+
+    def fidelity_result_block(self, eng: dict, result: dict) -> dict:
+        """The engine block, once the worker is shown to have loaded the hashed libraries."""
+        problem = _foreign_libraries(result.get("effective") or {})
+        if problem:
+            raise UserError(f"{NAME} fidelity worker", problem, "remove the other onnxruntime from the path")
+        return eng
+
+    def fidelity_execution(self) -> dict[str, Any]:
+        return {"compile_cache": {"key": "n/a", "state": "n/a (the session is created in every run)"}, "eager": None}
+
+
+def _refuse_form(where: str, form: str) -> None:
+    if form not in FORMS:
+        raise UserError(where, f"{NAME} cannot load form {form!r}: it loads {', '.join(FORMS)} (ONNX models its "
+                               "builder makes from the model's hf-fp32)", f"use one of {', '.join(FORMS)}")
+
+
+def _foreign_libraries(eff: dict) -> str | None:
+    """A loaded ONNX Runtime library that is not one hashed into provenance, if any."""
+    hashed = {os.path.realpath(v["path"]) for v in libraries().values()}
+    loaded = eff.get("libraries") or []
+    if not loaded:
+        return "the worker reported no ONNX Runtime library loaded"
+    foreign = [p for p in loaded if p not in hashed]
+    return f"the worker loaded {foreign[0]}, which is not the hashed build" if foreign else None
+
+
+def _mismatch(eff: dict, prompt_len: int, gen_len: int, n: int, want: int) -> str | None:
+    """What the worker read back that contradicts the request or the hashed build, if anything."""
+    if n != want:
+        return f"the worker ran {n} requests, {want} were asked"
+    if any(t != prompt_len for t in eff["prompt_tokens"]):
+        return f"the generator held {eff['prompt_tokens']} prompt tokens, prompt_len is {prompt_len}"
+    if any(t != gen_len for t in eff["output_tokens"]):
+        return f"the requests returned {eff['output_tokens']} tokens, gen_len is {gen_len}"
+    if eff.get("onnxruntime_genai_version") != PIN:
+        return f"the worker imported onnxruntime-genai {eff.get('onnxruntime_genai_version')}, the harness pins {PIN}"
+    return _foreign_libraries(eff)
