@@ -851,11 +851,19 @@ def _validate_hardware(spec: GridSpec, arm: Arm, cell: Cell) -> None:
     """A run under a hardware class: this machine can emulate it at the run's threads, and (for model engines)
     the class's memory admits the cell's sequences (the admission rule, with its numbers)."""
     name = hardware_of(arm, cell.params)
-    auto = get_engine(arm.engine).sizes_by_admission(arm.options)
+    eng = get_engine(arm.engine)
+    auto = eng.sizes_by_admission(arm.options)
+    where = f"{spec.path}: arms[{arm.name}] cell {cell.id}"
+    form = cell.params.get("form") or arm.form or eng.default_form
+    if eng.isa_bound(form):  # a form whose kernels only some ISA tiers have: refused here on a tier without them
+        from harness import hardware
+        why = eng.isa_refusal(form, arm.options, hardware.current_profile(name) if name else hardware.current_profile())
+        if why:
+            raise UserError(where, why, "run this arm on a host (or hardware class) whose ISA tier has the kernel, or "
+                                        "drop it (docs/quantization.md)")
     if name is None and not auto:
         return
     from harness import emulate, hardware
-    where = f"{spec.path}: arms[{arm.name}] cell {cell.id}"
     threads = int(arm.options.get("threads") or cell.params.get("threads") or 1)
     prof = hardware.current_profile(name) if name else hardware.current_profile()
     if name:

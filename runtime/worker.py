@@ -89,6 +89,28 @@ def _compilation_counts() -> dict:
             "aot_artifacts_loaded": c.num_aot_artifacts_loaded, "inductor_compiles": c.num_inductor_compiles}
 
 
+def _linear_methods(llm) -> dict | str:
+    """How many of the model's layers run each linear method (and, for quantized schemes, each scheme and kernel),
+    read from the loaded model itself: e.g. {"UnquantizedLinearMethod": 30} or {"CompressedTensorsLinearMethod/
+    CompressedTensorsWNA16/CPUWNA16LinearKernel": 210}; the path a 4-bit form took is this, not the form's name."""
+    def count(model) -> dict:
+        out: dict = {}
+        for _, m in model.named_modules():
+            qm = getattr(m, "quant_method", None)
+            if qm is None:
+                continue
+            scheme = getattr(m, "scheme", None)
+            kernel = getattr(scheme, "kernel", None) or getattr(qm, "kernel", None)
+            key = "/".join(type(x).__name__ for x in (qm, scheme, kernel) if x is not None)
+            out[key] = out.get(key, 0) + 1
+        return dict(sorted(out.items()))
+    try:
+        found = llm.apply_model(count)
+        return found[0] if found else "unreadable: no worker answered"
+    except Exception as e:  # e.g. a multiprocess engine core that does not ship the function
+        return f"unreadable: {type(e).__name__}: {str(e)[:200]}"
+
+
 def _scheduler(engine):
     """The engine core's scheduler, when the engine core runs in this process (else None)."""
     core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
@@ -131,6 +153,7 @@ def run(cfg: dict) -> dict:
     except Exception as e:  # residency is provenance, not a reason to lose the run
         after_load = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
     engine = llm.llm_engine
+    linear_methods = _linear_methods(llm)
     from runtime import patches
     from vllm.platforms import current_platform
     patch_manifest = patches.manifest(patches.APPLIED)
@@ -211,6 +234,7 @@ def run(cfg: dict) -> dict:
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "vllm_kernels": _kernels_loaded(),
+            "linear_methods": linear_methods,
             "memory_available_seen": memory_seen,
         },
         "requested": {"dtype": dtype, "threads": threads, "cpus": cpus, "kv_cache_memory_bytes": kv_requested,

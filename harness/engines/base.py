@@ -184,6 +184,15 @@ class Engine(ABC):
         """`harness adapt`: the settings this engine should use on a profile (value, rule, evidence); None: none."""
         return None
 
+    def isa_bound(self, form: str | None) -> bool:
+        """Whether this form needs kernels that only some ISA tiers of this engine's build have (isa_refusal)."""
+        return False
+
+    def isa_refusal(self, form: str, options: dict[str, Any], profile: dict[str, Any]) -> str | None:
+        """Why this engine cannot run an isa_bound form on this profile's ISA tier (this machine's, or an emulated
+        class's): one line naming what would load and what it lacks; None: it can. Checked at plan."""
+        return None
+
     def isa_record(self, tier: str, env: dict[str, str], effective: dict[str, Any]) -> dict[str, Any]:
         """How an ISA cap below this machine's was applied to the engine and read back (emulate.isa_record)."""
         return {"applied": "none", "status": f"not emulated: the {self.name} engine has no ISA switch"}

