@@ -134,7 +134,8 @@ def test_vllm_effective_config_read_back(tiny_store):
     assert eff["dtype"] == "float32" and eff["torch_threads"] == 2 and eff["max_model_len"] == 256
     assert eff["enforce_eager"] is True and eff["runtime_plugin_loaded"] is True
     # the linear method of every layer, read from the loaded model: tiny-llama's fp32 weights are unquantized
-    assert set(eff["linear_methods"]) == {"UnquantizedLinearMethod"} and eff["linear_methods"]["UnquantizedLinearMethod"] > 0
+    assert set(eff["linear_methods"]) == {"UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"}
+    assert eff["linear_methods"]["UnquantizedLinearMethod"] > 0
     # default settings: the runtime sized the KV cache from the geometry, and that is what was allocated
     assert a["execution"]["requested"]["kv_cache_memory_bytes"] is None
     assert eff["kv_cache_memory_bytes"] == a["engine"]["overrides"]["kv-budget-from-geometry"]["effective"]
