@@ -294,6 +294,43 @@ class Engine(ABC):
         return {"compile_cache": {"key": "n/a", "state": "n/a (no compile cache)"}, "eager": None}
 
 
+class OneRequestEngine(Engine):
+    """An engine that loads a fixed list of forms and runs one request at a time whose prompt and output must fit
+    context_len (openvino, onnxruntime-genai): the form and the context refused at plan, the package checked when a
+    run starts. A subclass gives refuse_form (the one-line error) and require (the pinned package's version)."""
+
+    def refuse_form(self, where: str, form: str) -> None:
+        raise NotImplementedError
+
+    def require(self) -> str:
+        raise NotImplementedError
+
+    def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
+        form = form or self.default_form
+        self.refuse_form(f"model {model}", form)
+        self.require()
+        return form
+
+    def validate_options(self, path: str, arm: "Arm", opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        if arm.form is not None:
+            self.refuse_form(f"{path}: arms[{arm.name}].form", arm.form)
+        where, forms = workload.get("form", ("axes.form", set()))  # given where the grid passes its form axis
+        for f in sorted(forms):
+            self.refuse_form(f"{path}: {where} (arm {arm.name})", f)
+        sizes = {k: workload.get(k, (f"workload.{k}", set())) for k in ("prompt_len", "gen_len", "context_len")}
+        if all(len(v[1]) == 1 for v in sizes.values()):  # several values: checked per run (their cells differ)
+            (p,), (g,), (c,) = (v[1] for v in sizes.values())
+            if p + g > c:
+                raise UserError(path, f"{sizes['context_len'][0]}: {c} for arm {arm.name!r}, but prompt_len {p} + "
+                                      f"gen_len {g} = {p + g} tokens do not fit in it",
+                                "raise context_len or shorten the request")
+
+    def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
+        if form is not None:  # a zoo form the library cannot load is refused before its build runs
+            self.refuse_form(f"fidelity build form {form!r}", form)
+        return None  # the form's own types
+
+
 def setting(requested: Any, effective: Any, source: str) -> dict[str, Any]:
     """One row of EngineResult.settings."""
     return {"requested": requested, "effective": effective, "source": source}

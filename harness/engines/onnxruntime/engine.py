@@ -30,7 +30,8 @@ from typing import Any
 
 from harness import metrics, models
 from harness.engines import wheels
-from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_worker, setting
+from harness.engines.base import (EngineResult, OneRequestEngine, Options, RunContext, affinity_prefix, failed,
+                                  run_worker, setting)
 from harness.engines.onnxruntime.forms import DIST, FORMS, INSTALL_FIX, PIN, require
 from harness.errors import UserError
 
@@ -70,7 +71,7 @@ def _commit() -> str:
     return m.group(1) if m else "unknown"
 
 
-class OnnxRuntimeGenAi(Engine):
+class OnnxRuntimeGenAi(OneRequestEngine):
     name = NAME
     default_form = "onnx-fp32"
     form_prefix = "onnx-"
@@ -83,25 +84,11 @@ class OnnxRuntimeGenAi(Engine):
     reference_form = "onnx-fp32"
     env_prefixes = ENV_PREFIXES
 
-    def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
-        form = form or self.default_form
-        _refuse_form(f"model {model}", form)
-        require()
-        return form
+    def refuse_form(self, where: str, form: str) -> None:
+        _refuse_form(where, form)
 
-    def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
-        if arm.form is not None:
-            _refuse_form(f"{path}: arms[{arm.name}].form", arm.form)
-        where, forms = workload.get("form", ("axes.form", set()))
-        for f in sorted(forms):
-            _refuse_form(f"{path}: {where} (arm {arm.name})", f)
-        sizes = {k: workload.get(k, (f"workload.{k}", set())) for k in ("prompt_len", "gen_len", "context_len")}
-        if all(len(v[1]) == 1 for v in sizes.values()):
-            (p,), (g,), (c,) = (v[1] for v in sizes.values())
-            if p + g > c:
-                raise UserError(path, f"{sizes['context_len'][0]}: {c} for arm {arm.name!r}, but prompt_len {p} + "
-                                      f"gen_len {g} = {p + g} tokens do not fit in it",
-                                "raise context_len or shorten the request")
+    def require(self) -> str:
+        return require()
 
     def engine_info(self) -> dict[str, Any]:
         version = require()
@@ -168,11 +155,6 @@ class OnnxRuntimeGenAi(Engine):
                             eager=None, settings=settings)
 
     # ---- fidelity -------------------------------------------------------------------------------------
-    def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
-        if form is not None:
-            _refuse_form(f"fidelity build form {form!r}", form)
-        return None  # the form's types
-
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
                          out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
         cfg = {"model_path": str(model_path), "threads": threads, "request_path": str(req_path)}

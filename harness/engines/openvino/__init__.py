@@ -39,7 +39,8 @@ from typing import Any
 
 from harness import metrics, models
 from harness.engines import wheels
-from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_worker, setting
+from harness.engines.base import (EngineResult, OneRequestEngine, Options, RunContext, affinity_prefix, failed,
+                                  run_worker, setting)
 from harness.errors import UserError
 
 DIST = "openvino-genai"
@@ -123,7 +124,7 @@ def _commit(build: str) -> str:
     return m.group(1) if m else "unknown"
 
 
-class OpenVino(Engine):
+class OpenVino(OneRequestEngine):
     name = "openvino"
     default_form = "gguf-q8_0"
     form_prefix = "gguf-"
@@ -138,25 +139,11 @@ class OpenVino(Engine):
     accepts_file = True  # a build may be a GGUF file by path, as for llama.cpp
     env_prefixes = ENV_PREFIXES  # recorded in every artifact's provenance, as the other engines' are
 
-    def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
-        form = form or self.default_form
-        _refuse_form(f"model {model}", form)
-        require()
-        return form
+    def refuse_form(self, where: str, form: str) -> None:
+        _refuse_form(where, form)
 
-    def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
-        if arm.form is not None:
-            _refuse_form(f"{path}: arms[{arm.name}].form", arm.form)
-        where, forms = workload.get("form", ("axes.form", set()))  # given where the grid passes its form axis
-        for f in sorted(forms):
-            _refuse_form(f"{path}: {where} (arm {arm.name})", f)
-        sizes = {k: workload.get(k, (f"workload.{k}", set())) for k in ("prompt_len", "gen_len", "context_len")}
-        if all(len(v[1]) == 1 for v in sizes.values()):  # several values: checked per run (their cells differ)
-            (p,), (g,), (c,) = (v[1] for v in sizes.values())
-            if p + g > c:
-                raise UserError(path, f"{sizes['context_len'][0]}: {c} for arm {arm.name!r}, but prompt_len {p} + "
-                                      f"gen_len {g} = {p + g} tokens do not fit in it",
-                                "raise context_len or shorten the request")
+    def require(self) -> str:
+        return require()
 
     def engine_info(self) -> dict[str, Any]:
         version = require()
@@ -227,11 +214,6 @@ class OpenVino(Engine):
 
 
     # ---- fidelity -------------------------------------------------------------------------------------
-    def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
-        if form is not None:  # a zoo form the library cannot load is refused before its build runs
-            _refuse_form(f"fidelity build form {form!r}", form)
-        return None  # the GGUF file's types
-
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
                          out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
         cfg = {"model_path": str(model_path), "threads": threads, "attention_backend": ATTENTION_BACKEND,
