@@ -652,9 +652,12 @@ def ensure(name: str, forms: list[str] | None = None) -> Path:
     root = model_dir(name)
     if not (root / "manifest.json").exists():
         prepare(name, forms=forms)
-    elif forms and _extends(name) and set(forms) - set(load_manifest(name)["forms"]) - set(DERIVED):
-        prepare(name, forms=forms)
-    elif _stale_or_missing(load_manifest(name), [f for f in forms or [] if f in DERIVED]):
+        return root
+    if not forms:
+        return root
+    m = load_manifest(name)
+    if (_extends(name) and set(forms) - set(m["forms"]) - set(DERIVED)) or \
+            _stale_or_missing(m, [f for f in forms if f in DERIVED]):
         prepare(name, forms=forms)
     return root
 

@@ -139,7 +139,8 @@ class OnnxRuntimeGenAi(OneRequestEngine):
             "threads": setting(ctx.threads, eff["threads"], THREADS_SOURCE),
             "cpus": setting(ctx.cpus, eff["cpu_affinity"], f"sched_getaffinity(0) inside the {NAME} worker"),
             "context_len": setting(c, None, CONTEXT_REASON),
-            "batch": setting(b, 1, "one og.Generator of batch_size 1 per request"),
+            "batch": setting(b, min(eff["batch_sizes"]), "sequences per step: the batch dimension of the model's logits "
+                                                         "output after each request's last step, fewest over repetitions"),
             "warmups": setting(w, sum(1 for s in samples if s["warmup"]), "warm-up requests the worker ran"),
         }
         effective = {**eff, "load_s": res.get("load_s"), "timestamps": TIMESTAMPS,
@@ -181,12 +182,16 @@ def _refuse_form(where: str, form: str) -> None:
 
 
 def _foreign_libraries(eff: dict) -> str | None:
-    """A loaded ONNX Runtime library that is not one hashed into provenance, if any."""
-    hashed = {os.path.realpath(v["path"]) for v in libraries().values()}
+    """A loaded ONNX Runtime library that is not one of the installed wheels' (whose files engine_info hashed)."""
+    try:
+        installed = {os.path.realpath(f.locate()) for d in DISTS for f in metadata.distribution(d).files or ()
+                     if LIBRARY.search(f.name)}
+    except metadata.PackageNotFoundError as e:
+        return f"{e.name} is not installed"
     loaded = eff.get("libraries") or []
     if not loaded:
         return "the worker reported no ONNX Runtime library loaded"
-    foreign = [p for p in loaded if p not in hashed]
+    foreign = [p for p in loaded if p not in installed]
     return f"the worker loaded {foreign[0]}, which is not the hashed build" if foreign else None
 
 

@@ -69,12 +69,13 @@ def generator(model, length: int):
 
 
 def measure(req: dict) -> dict:
+    import numpy as np
     import onnxruntime_genai as og
 
     threads, gen_len = int(req["threads"]), int(req["gen_len"])
     model, overlay, load_s = load_model(req["model_path"], threads)
     tokenizer = og.Tokenizer(model)
-    samples, busy_ns, prompt_tokens, output_tokens, output_hashes = [], {}, [], [], []
+    samples, busy_ns, prompt_tokens, output_tokens, output_hashes, batch_sizes = [], {}, [], [], [], []
     for rep in req["repetitions"]:
         (ids,) = rep["prompts"]  # batch 1: one request per repetition
         stream = tokenizer.create_stream()
@@ -90,6 +91,7 @@ def measure(req: dict) -> dict:
             times.append(time.perf_counter() - t0)
             out.append(tid)
         after = thread_cpu_ns()
+        batch_sizes.append(int(np.asarray(g.get_output("logits")).shape[0]))  # sequences the last step computed
         seq = [int(i) for i in g.get_sequence(0)]
         del g
         if not rep["warmup"]:
@@ -106,7 +108,7 @@ def measure(req: dict) -> dict:
             "effective": {"threads": len(running), "thread_cpu_s": [round(ns / 1e9, 6) for ns in running],
                           "cpu_affinity": sorted(os.sched_getaffinity(0)), **common(og, overlay),
                           "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-                          "output_ids_sha256": output_hashes}}
+                          "output_ids_sha256": output_hashes, "batch_sizes": batch_sizes}}
 
 
 def common(og, overlay: dict) -> dict:
