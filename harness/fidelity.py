@@ -150,6 +150,12 @@ def load_grid(path: str | Path) -> FidelityGrid:
         else:
             if not str(b["form"]).startswith(eng.form_prefix):
                 raise _err(sp, f"{f}.form", f"{b['engine']} needs a {eng.form_prefix}* form, got {b['form']!r}")
+            if eng.isa_bound(b["form"]):  # a form whose kernels only some ISA tiers have: refused here, never run
+                from harness import hardware
+                why = eng.isa_refusal(b["form"], b.get("options") or {}, hardware.current_profile())
+                if why:
+                    raise _err(sp, f"{f}.form", why, "check this build on a host whose ISA tier has the kernel, or drop "
+                                                      "it (docs/quantization.md)")
         opts = b.get("options") or {}
         if not isinstance(opts, dict) or (set(opts) - eng.fidelity_options):
             raise _err(sp, f"{f}.options", f"unknown option for {b['engine']}",

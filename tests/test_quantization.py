@@ -11,7 +11,7 @@ GRID = """
 name: w4
 model: tiny-llama
 arms:
-  - {{name: w4a16, engine: vllm, form: hf-w4a16{hw}}}
+  - {{name: w4a16, engine: vllm, form: hf-w4a16, options: {{dtype: {dtype}}}{hw}}}
 workload: {{prompt_len: 16, context_len: 128, gen_len: 8}}
 threads: 1
 passes: 1
@@ -35,7 +35,7 @@ def _profile(tier: str) -> dict:
                                           ("baseline", True)])
 def test_plan_refuses_a_vllm_4bit_arm_where_the_library_lacks_the_op(write_grid, cli, monkeypatch, tier, refused):
     monkeypatch.setattr(hardware, "current_profile", lambda name=None: _profile(tier))
-    rc, out, err = cli("plan", write_grid(GRID.format(hw="")))
+    rc, out, err = cli("plan", write_grid(GRID.format(hw="", dtype="bfloat16")))
     if not refused:
         assert rc == 0, err
         return
@@ -45,13 +45,61 @@ def test_plan_refuses_a_vllm_4bit_arm_where_the_library_lacks_the_op(write_grid,
 
 
 def test_an_emulated_class_below_the_tier_is_refused_the_same(write_grid, cli):
-    rc, _, err = cli("plan", write_grid(GRID.format(hw=", hardware: x86-avx2-2c-4g")))
+    rc, _, err = cli("plan", write_grid(GRID.format(hw=", hardware: x86-avx2-2c-4g", dtype="bfloat16")))
     assert rc == 2 and "cpu_gemm_wna16" in err and "_C_AVX2" in err and "class x86-avx2-2c-4g" in err, err
 
 
-def test_this_avx2_machine_refuses_it_for_real(write_grid, cli):
+def test_this_machine_for_real_refuses_it_on_avx2_and_plans_it_from_avx512_up(write_grid, cli):
     tier = hardware.current_profile()["isa_tier"]
-    if tier != "avx2":
-        pytest.skip(f"this machine's ISA tier is {tier}, not avx2: its vLLM library has the op")
-    rc, _, err = cli("plan", write_grid(GRID.format(hw="")))
-    assert rc == 2 and "_C_AVX2" in err and "probe" in err and len(err.strip().splitlines()) == 1, err
+    if tier not in ("avx2", "avx512", "avx512-bf16", "amx"):
+        pytest.skip(f"this machine's ISA tier is {tier}: vLLM has no kernel library for it")
+    rc, _, err = cli("plan", write_grid(GRID.format(hw="", dtype="bfloat16")))
+    if tier == "avx2":
+        assert rc == 2 and "_C_AVX2" in err and "probe" in err and len(err.strip().splitlines()) == 1, err
+    else:
+        assert rc == 0, err
+
+
+FIDELITY = """
+kind: fidelity
+name: w4-fidelity
+model: smollm2-135m
+prompts: {prompts}
+gen_len: 8
+threads: 1
+thresholds: {{min_top1_agreement: 0.9, max_mean_kl: 0.1}}
+builds:
+  - {{name: w4a16, engine: vllm, form: hf-w4a16, options: {{dtype: bfloat16}}}}
+"""
+
+
+@pytest.mark.parametrize("tier,refused", [("avx2", True), ("avx512", False)])
+def test_a_fidelity_grid_refuses_the_4bit_build_where_the_library_lacks_the_op(write_grid, monkeypatch, tier, refused):
+    from pathlib import Path
+
+    from harness import fidelity
+    from harness.errors import UserError
+    monkeypatch.setattr(hardware, "current_profile", lambda name=None: _profile(tier))
+    prompts = Path(__file__).resolve().parents[1] / "grids" / "prompts" / "fidelity-v1.json"
+    path = write_grid(FIDELITY.format(prompts=prompts))
+    if not refused:
+        assert [b.form for b in fidelity.load_grid(path).builds] == ["hf-w4a16"]
+        return
+    with pytest.raises(UserError) as e:
+        fidelity.load_grid(path)
+    msg = str(e.value)
+    assert "builds[0].form" in msg and "cpu_gemm_wna16" in msg and "_C_AVX2" in msg, msg
+
+
+@pytest.mark.parametrize("dtype,refused", [("float32", True), ("auto", None), ("bfloat16", False)])
+def test_plan_refuses_float32_activations_for_the_w4a16_op(write_grid, cli, monkeypatch, dtype, refused):
+    # cpu_gemm_wna16 has bf16/fp16 kernels only ('"cpu_gemm_wna16" not implemented for 'Float'' at the first
+    # forward, seen on an AVX-512 host): refused at plan; auto is fp32 on a tier without bf16 compute
+    monkeypatch.setattr(hardware, "current_profile", lambda name=None: _profile("avx512"))
+    rc, _, err = cli("plan", write_grid(GRID.format(hw="", dtype=dtype)))
+    if refused is None:
+        refused = True  # the fake avx512 profile has no bf16 compute: auto resolves to float32
+    if not refused:
+        assert rc == 0, err
+        return
+    assert rc == 2 and "options.dtype" in err and "cpu_gemm_wna16" in err and "set dtype: bfloat16" in err, err

@@ -138,6 +138,9 @@ KERNELS = {"avx2": "_C_AVX2", "avx512": "_C_AVX512", "avx512-bf16": "_C", "amx":
 # registered in _C and _C_AVX512 and not in _C_AVX2 (an AVX2 CPU's arm would fail at its first forward with "no
 # attribute cpu_gemm_wna16"): refused at plan instead (isa_refusal), from the library's own bytes.
 FOUR_BIT_OPS = {"hf-w4a16": "cpu_gemm_wna16"}
+# ...and the activation dtypes the op has kernels for: asked for float32, it fails in the first forward
+# ('"cpu_gemm_wna16" not implemented for 'Float'', seen on an AVX-512 host): refused at plan instead
+FOUR_BIT_DTYPES = {"hf-w4a16": ("bfloat16", "float16")}
 
 
 def kernel_library(name: str) -> Path | None:
@@ -375,6 +378,16 @@ class Vllm(Engine):
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         if opts.python is not None:
             self._check_python(path, f"arms[{arm.name}].options.python", python_of(path, opts.python), arm.patches)
+        forms = {arm.form} | set(workload.get("form", ("", set()))[1])
+        for form in sorted(f for f in forms if f in FOUR_BIT_DTYPES):
+            dtype = opts.dtype or FORM_DTYPE.get(form, "float32")
+            if dtype == "auto":
+                from harness import hardware
+                dtype = derive_dtype(hardware.current_profile())[0]
+            if dtype not in FOUR_BIT_DTYPES[form]:
+                raise UserError(path, f"arms[{arm.name}].options.dtype: {dtype} activations with form {form}: "
+                                      f"vLLM's {FOUR_BIT_OPS[form]} has kernels for {' and '.join(FOUR_BIT_DTYPES[form])} only",
+                                f"set dtype: {FOUR_BIT_DTYPES[form][0]}")
         batches = workload.get("batch", ("", {1}))[1]
         if isinstance(opts.max_num_seqs, int) and opts.max_num_seqs < max(batches):
             raise UserError(path, f"arms[{arm.name}].options.max_num_seqs: {opts.max_num_seqs} is below batch "
