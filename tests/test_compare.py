@@ -72,6 +72,23 @@ def test_two_hosts_of_the_quickstart_unpaired(cli):
     assert rc == 2 and "definitions differ" in err and "llama-bench" in err and "per request" in err
 
 
+def test_an_avx2_and_an_avx512_host_of_the_quickstart_unpaired_with_intervals(cli):
+    # the newest series of each (the same grid version: 6 passes, one definition per metric): ratios with intervals
+    rc, out, err = cli("compare", "quickstart@3891360811dc", "quickstart@8945a29942f3", "--store", STORE,
+                       "--metric", "decode_tok_s", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["a"]["grid_sha256"] == doc["b"]["grid_sha256"], "the two hosts' newest series are one grid version"
+    rows = doc["comparisons"]
+    assert {r["arm"] for r in rows} == {"llama.cpp", "vllm"} and all(r["method"].startswith("unpaired") for r in rows)
+    assert all(r["level"] == pytest.approx(1 - 0.05 / 2) for r in rows)
+    assert all(r["ci_low"] is not None and r["ci_low"] <= r["ratio"] <= r["ci_high"] for r in rows), rows
+    assert all(r["verdict"] in ("better", "worse") or r["verdict"].startswith("no difference") for r in rows), rows
+    rc, out, _ = cli("compare", "quickstart@3891360811dc", "quickstart@8945a29942f3", "--store", STORE,
+                     "--metric", "decode_tok_s")
+    assert rc == 0 and "llama.cpp" in out and "vllm" in out and "[" in out
+
+
 def test_two_arms_of_one_series_paired_and_mismatched_definitions_refused(cli):
     rc, out, err = cli("compare", "vllm-vs-llamacpp@3891360811dc/llama.cpp-f32", "vllm-vs-llamacpp@3891360811dc/vllm-fp32",
                        "--store", STORE, "--metric", "decode_tok_s", "--json")
@@ -91,7 +108,7 @@ def test_two_arms_of_one_series_paired_and_mismatched_definitions_refused(cli):
     assert row["method"].startswith("paired by pass") and row["ci_low"] < row["ratio"] < row["ci_high"] < 1
     assert row["verdict"] == "worse"
     runs = _runs(STORE)
-    for spec, want in (("quickstart", "2 hosts measured it"), ("no-such", "no runs of grid"),
+    for spec, want in (("quickstart", "3 hosts measured it"), ("no-such", "no runs of grid"),
                        ("quickstart@3891360811dc#ffff", "match #ffff"), ("bad spec!", "not a series"),
                        ("quickstart@3891360811dc/nope", "no ok run of arm 'nope'")):
         with pytest.raises(UserError, match=re.escape(want)):
