@@ -658,8 +658,18 @@ def _users_model(a: Any) -> bool:
 
 
 def _check_model_files(a: Any, where: str) -> list[str]:
-    return [f"{where}: {p}" for p in _model_file_problems(a.model.name, tuple((f.path, f.sha256) for f in a.model.files),
-                                                          _users_model(a))]
+    files = _comparable(tuple((f.path, f.sha256) for f in a.model.files))
+    return [f"{where}: {p}" for p in _model_file_problems(a.model.name, files, _users_model(a))]
+
+
+def _comparable(files: tuple) -> tuple:
+    """The recorded model files this machine's zoo can vouch for: not those of a derived form (harness/models.py
+    DERIVED: made on each machine, on demand, by a third-party builder or quantizer, whose bytes are that build's:
+    ONNX Runtime GenAI's builder stamped the commit of the checkout its venv lies in into the graph, so two builds
+    of one recipe differed in bytes). Their artifacts record the sha256 of the bytes that ran, and the form's
+    manifest entry (recipe, graph summary) says how it was made."""
+    from harness.models import DERIVED
+    return tuple((p, s) for p, s in files if p.split("/", 1)[0] not in DERIVED)
 
 
 @lru_cache(maxsize=256)
@@ -827,7 +837,8 @@ def _check(paths: Iterable[str], verify_models: bool, allow_unknown_commit: bool
             continue
         if verify_models and "model" in rec:
             name, mfiles, user = rec["model"]
-            problems += [f"{where}: {p}" for p in _model_file_problems(name, tuple(map(tuple, mfiles)), user)]
+            files = _comparable(tuple(map(tuple, mfiles)))
+            problems += [f"{where}: {p}" for p in _model_file_problems(name, files, user)]
         if "fidelity" in rec:
             fidelity_recs.append((where, rec["fidelity"]))
         if "reference" in rec:

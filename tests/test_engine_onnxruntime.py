@@ -157,3 +157,31 @@ def test_onnxruntime_forms_a_real_run_and_fidelity(tmp_path):
     speed = json.loads((tmp_path / "speed-result.json").read_text())
     assert speed["effective"]["output_ids_sha256"] == [hashlib.sha256(json.dumps(o["ids"]).encode()).hexdigest()
                                                         for o in ref["outputs"]]
+
+
+def test_the_builder_stamps_no_checkout_commit_into_the_graph(tmp_path):
+    """The builder writes `git rev-parse HEAD`, run in a folder five levels above its own file, into the graph's
+    producer_version: with the venv inside this checkout that was the harness's commit, so a form's bytes changed
+    with every commit that built it. Built with no repository in reach, the stamp is the wheel's own."""
+    from importlib import metadata
+
+    import onnx
+
+    from harness import models
+    from harness.engines.onnxruntime import forms
+    from harness.paths import PROJECT_ROOT
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True).stdout.strip()
+    if not head:
+        pytest.skip("the project is not a git checkout here: no commit to leak")
+    models.ensure("tiny-llama")
+    forms.build(models.form_path("tiny-llama", "hf-fp32"), tmp_path / "o", "onnx-fp32")
+    stamp = onnx.load(str(tmp_path / "o" / "model.onnx"), load_external_data=False).producer_version
+    assert stamp.split("+")[0] == metadata.version("onnxruntime-genai") and head[:7] not in stamp, stamp
+
+
+def test_check_leaves_a_derived_forms_bytes_to_the_build_that_made_them():
+    # a derived form is made on each machine (harness/models.py DERIVED): another build's bytes are not this
+    # machine's to vouch for; the zoo's own forms (from the wheel) are compared as before
+    files = (("onnx-int4/model.onnx", "a" * 64), ("hf-w4a16/model.safetensors", "b" * 64), ("gguf-f32/m.gguf", "c" * 64),
+             ("/abs/build.gguf", "d" * 64))
+    assert check._comparable(files) == (("gguf-f32/m.gguf", "c" * 64), ("/abs/build.gguf", "d" * 64))

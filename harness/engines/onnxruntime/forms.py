@@ -75,9 +75,13 @@ def build(hf_dir: Path, out: Path, form: str) -> dict[str, Any]:
     stage = cache / "out"
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(stage),
            "-p", precision, "-e", "cpu", "-c", str(cache / "cache"), "--extra_options", *extra]
-    env = {**os.environ, "PYTHONNOUSERSITE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # GIT_DIR: the builder stamps `git rev-parse HEAD`, run five folders above its own file, into the graph's
+    # producer_version; with a venv inside a checkout that is the checkout's commit, so the form's bytes would
+    # depend on which commit of the harness built it. With no repository it stamps the wheel's own commit.
+    env = {**os.environ, "PYTHONNOUSERSITE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "GIT_DIR": os.devnull}
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, cwd=cache)
         if r.returncode != 0:
             tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise UserError(str(hf_dir), f"the ONNX Runtime GenAI builder failed making {form}: {tail[:300]}",
