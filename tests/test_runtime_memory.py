@@ -56,7 +56,7 @@ def defaults_beside_held_memory(tmp_path_factory):
 def test_stock_at_defaults_asks_for_a_fraction_of_the_node(defaults_beside_held_memory):
     """Stock at default settings sizes its memory as a fraction of NUMA node 0's total, whatever the context
     (64 tokens here): with others using memory (any real machine) it refuses to start."""
-    stock, total = defaults_beside_held_memory["stock"], defaults_beside_held_memory["total"]
+    stock = defaults_beside_held_memory["stock"]
     assert stock["status"] == "failed", "stock started with at most 0.8 x the node's memory available"
     m = _REFUSAL.search(stock["error"])
     assert m, stock["error"]
