@@ -380,10 +380,8 @@ class Vllm(Engine):
             self._check_python(path, f"arms[{arm.name}].options.python", python_of(path, opts.python), arm.patches)
         forms = {arm.form} | set(workload.get("form", ("", set()))[1])
         for form in sorted(f for f in forms if f in FOUR_BIT_DTYPES):
-            dtype = opts.dtype or FORM_DTYPE.get(form, "float32")
-            if dtype == "auto":
-                from harness import hardware
-                dtype = derive_dtype(hardware.current_profile())[0]
+            from harness import hardware
+            dtype = self.run_dtype(form, {"dtype": opts.dtype}, hardware.current_profile())
             if dtype not in FOUR_BIT_DTYPES[form]:
                 raise UserError(path, f"arms[{arm.name}].options.dtype: {dtype} activations with form {form}: "
                                       f"vLLM's {FOUR_BIT_OPS[form]} has kernels for {' and '.join(FOUR_BIT_DTYPES[form])} only",
