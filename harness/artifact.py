@@ -77,6 +77,7 @@ WEIGHT_RULES: dict[str, Any] = {
     "none": lambda path: False,  # the command engine loads no model
     # ONNX Runtime GenAI's folder: the graph and its external weights, beside its config and tokenizer files
     "onnx": lambda path: path.endswith((".onnx", ".onnx.data")),
+    "pte": lambda path: path.endswith(".pte"),  # ExecuTorch's program (its weights inside), beside its params
 }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import quantizers, usermodels
+from harness.engines.executorch import forms as executorch_forms
 from harness.engines.onnxruntime import forms as onnx_forms
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT, downloads_dir, models_root, sha256_file
@@ -565,7 +566,8 @@ def verify(name: str, full: bool = False) -> list[str]:
 # Forms an engine's own offline converter makes from a prepared model's hf-fp32, on demand (when a grid or a
 # fidelity build loads one): added to the prepared copy (its other files kept, hard-linked), hashed into its
 # manifest, each with the recipe that made it (a form whose recipe is not the current one is made again).
-DERIVED: dict[str, Any] = {**{f: onnx_forms for f in onnx_forms.FORMS}, **{f: quantizers for f in quantizers.FORMS}}
+DERIVED: dict[str, Any] = {**{f: onnx_forms for f in onnx_forms.FORMS}, **{f: quantizers for f in quantizers.FORMS},
+                           **{f: executorch_forms for f in executorch_forms.FORMS}}
 
 
 def can_have(name: str, form: str) -> bool:

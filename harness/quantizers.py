@@ -16,19 +16,16 @@ vLLM engine knows which kernel the form needs (harness/engines/vllm FOUR_BIT_OPS
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness import envs
 from harness.errors import UserError
-from harness.paths import cache_root
 
 # the quantizer's environment: its own pins (llm-compressor's ranges, resolved once and fixed here)
 PINS = ("llmcompressor==0.14.0", "compressed-tensors==0.19.0", "transformers==5.17.0", "torch==2.13.0",
@@ -55,37 +52,12 @@ tok.save_pretrained(cfg["out"])
 
 
 def env_key() -> str:
-    return hashlib.sha256(json.dumps([sys.version_info[:2], PINS]).encode()).hexdigest()[:16]
-
-
-def env_dir() -> Path:
-    return cache_root() / "envs" / f"llmcompressor-{env_key()}"
+    return envs.key(PINS)
 
 
 def ensure_env() -> tuple[Path, str]:
     """The quantizer's python (its environment made once, under a lock) and the sha256 of its `pip freeze`."""
-    d = env_dir()
-    py, stamp = d / "bin" / "python", d / ".installed"
-    d.parent.mkdir(parents=True, exist_ok=True)
-    with open(d.parent / f"{d.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not stamp.exists():
-            shutil.rmtree(d, ignore_errors=True)
-            print(f"[models] making the quantizer's environment {d} (llm-compressor; minutes, once)", file=sys.stderr)
-            log = d.parent / f"{d.name}.log"
-            with open(log, "w") as out:
-                steps = [[sys.executable, "-m", "venv", str(d)],
-                         [str(py), "-m", "pip", "install", "--no-input", *PINS]]
-                for cmd in steps:
-                    if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                        shutil.rmtree(d, ignore_errors=True)
-                        raise UserError(str(log), f"making the quantizer's environment failed at `{' '.join(cmd[:4])}`",
-                                        "check network to the package index; the log says more")
-            freeze = subprocess.run([str(py), "-m", "pip", "freeze", "--all"], capture_output=True, text=True,
-                                    check=True).stdout
-            (d / "freeze.txt").write_text(freeze)
-            stamp.write_text(hashlib.sha256(freeze.encode()).hexdigest())
-    return py, stamp.read_text().strip()
+    return envs.ensure("llmcompressor", PINS, "the quantizer (llm-compressor)")
 
 
 def recipe(form: str) -> dict[str, Any]:

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent / "harness"
 # llama.cpp package's __init__ imports nothing).
 # Its ONNX forms, with ONNX Runtime GenAI's builder (forms.py alone: that package's __init__ imports nothing either).
 ALLOWED = {("harness.models", "harness.engines.llamacpp"), ("harness.models", "harness.engines.llamacpp.build"),
-           ("harness.models", "harness.engines.onnxruntime"), ("harness.models", "harness.engines.onnxruntime.forms")}
+           ("harness.models", "harness.engines.onnxruntime"), ("harness.models", "harness.engines.onnxruntime.forms"),
+           ("harness.models", "harness.engines.executorch"), ("harness.models", "harness.engines.executorch.forms")}
 
 
 def _modules() -> dict[str, Path]:

@@ -18,6 +18,7 @@ ENGINES: dict[str, str] = {
     "command": "harness.engines.command:Command",
     "openvino": "harness.engines.openvino:OpenVino",
     "onnxruntime-genai": "harness.engines.onnxruntime.engine:OnnxRuntimeGenAi",
+    "executorch": "harness.engines.executorch.engine:ExecuTorch",
     "llama-server": "harness.engines.server:LlamaServer",
     "vllm-server": "harness.engines.server:VllmServer",
     "openai": "harness.engines.server:OpenAi",

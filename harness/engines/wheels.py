@@ -18,16 +18,21 @@ def record_hex(h) -> str | None:
     return base64.urlsafe_b64decode(h.value + "=" * (-len(h.value) % 4)).hex()
 
 
-def libraries(dists: tuple[str, ...], pattern: re.Pattern, engine: str, extra: str, fix: str) -> dict[str, dict[str, Any]]:
+def libraries(dists: tuple[str, ...], pattern: re.Pattern, engine: str, extra: str, fix: str,
+              path: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Each library of these distributions whose name matches: its installed path, size, sha256 (hash cache: read
     once per file version), and the sha256 its wheel's RECORD lists (equal unless the file changed after install).
-    A missing distribution is one line naming the optional extra."""
+    `path`: the site-packages of another environment to find them in (default: this one). A missing distribution
+    is one line naming the optional extra."""
     from harness.hashcache import HashCache
     cache = HashCache.default()
     out: dict[str, dict[str, Any]] = {}
     try:
         for dist in dists:
-            for f in metadata.distribution(dist).files or ():
+            d = next(iter(metadata.distributions(name=dist, path=path)), None) if path else metadata.distribution(dist)
+            if d is None:
+                raise metadata.PackageNotFoundError(dist)
+            for f in d.files or ():
                 if not pattern.search(f.name):
                     continue
                 p = Path(f.locate())

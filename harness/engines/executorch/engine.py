@@ -1,0 +1,224 @@
+"""The `executorch` engine: ExecuTorch's runtime on the CPU running the zoo's XNNPACK `.pte` programs.
+
+The forms are exported offline from the model's hf-fp32 by the pinned ExecuTorch in an environment of its own
+(forms.py); one fresh process of worker.py per run under that environment's python (the only code that imports
+executorch), pinned by taskset like every engine. Per repetition the worker runs the prefill as one forward call
+over the harness's prompt token ids (harness/metrics.py: the same ids as every engine) and one forward call per
+further token, greedy, exactly gen_len tokens, each stamped after its argmax: one call per token, so the stamps are
+the tokens' own. The metrics are computed from those stamps by harness/metrics.py, as for every engine.
+
+Read back: the runtime thread pool's size and the threads that ran the model (from the kernel), the CPU affinity,
+prompt and output token counts, the program's metadata (its context length), the shared libraries it loaded (they
+must be the ones hashed here) and the version. Not read back (observe only): the KV cache size (fixed by the form at
+export: forms.MAX_CONTEXT tokens; prompt_len + gen_len checked against it at plan) and the compute types (the
+form's: float32, or int4 weights with int8 dynamic activations for 8da4w).
+
+Fidelity (worker.py --fidelity): greedy ids from the measurement's own loop, teacher-forced log-probabilities from
+the same forward calls (prefill, then one call per forced token). The reference form is pte-fp32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from harness import envs, metrics, models
+from harness.engines import wheels
+from harness.engines.base import (EngineResult, OneRequestEngine, Options, RunContext, affinity_prefix, failed,
+                                  run_worker, setting)
+from harness.engines.executorch import forms
+from harness.engines.executorch.forms import ENV, FORMS, MAX_CONTEXT, MAX_SEQ, PIN, PINS
+from harness.errors import UserError
+
+NAME = "executorch"
+WORKER = Path(__file__).with_name("worker.py")
+# the shared libraries of the runtime, hashed into provenance: every one the executorch wheel installs (18 files,
+# 23 MB in 1.5.1: the Python binding, the runtime, its XNNPACK backend, kernels, thread pool, custom and quantized
+# ops; the worker maps several of them, and each it maps must be one of these)
+LIBRARY = re.compile(r"\.so(\.[\d.]+)?$")
+DISTS = ("executorch",)
+ENV_PREFIXES = ("ET_", "OMP_", "OPENBLAS_", "MKL_")
+# Every worker runs with these (recorded in the artifact's env): torch's own intra-op pool and numpy's OpenBLAS
+# (which the program never uses: XNNPACK runs on ExecuTorch's thread pool) kept to one thread each
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+INSTALL_FIX = "the environment is made on demand (`harness models prepare` of a pte form, or a grid that loads one)"
+
+TIMESTAMPS = ("time.perf_counter() in the worker after each token's argmax (the prefill's forward call for the first, "
+              "one forward call per token after it), relative to the start of the request (before the prefill)")
+THREADS_SOURCE = ("threads of the worker process with at least 10% of the busiest one's CPU time "
+                  "(/proc/self/task/*/schedstat) over the measured requests; the runtime's thread pool was reset to "
+                  "the requested count (portable_lib._unsafe_reset_threadpool, read back as pool_threads)")
+CONTEXT_REASON = (f"not settable: the program's KV cache is fixed at export (get_max_context_len, "
+                  f"{MAX_CONTEXT} tokens); prompt_len + gen_len is checked not to exceed context_len")
+
+
+def site_packages() -> list[str]:
+    return [str(p) for p in sorted((envs.env_dir(ENV, PINS) / "lib").glob("python3*/site-packages"))]
+
+
+def libraries() -> dict[str, dict[str, Any]]:
+    """Each runtime library in the environment: its installed path, size, sha256 and the sha256 its wheel lists."""
+    if not site_packages():
+        raise UserError(f"engine {NAME}", f"ExecuTorch's environment {envs.env_dir(ENV, PINS)} is not made",
+                        INSTALL_FIX)
+    return wheels.libraries(DISTS, LIBRARY, NAME, "executorch", INSTALL_FIX, path=site_packages())
+
+
+class ExecuTorch(OneRequestEngine):
+    name = NAME
+    default_form = "pte-fp32"
+    form_prefix = "pte-"
+    form_hint = f"executorch {PIN} loads {', '.join(FORMS)} (exported from the model's hf-fp32)"
+    Options = Options  # threads only
+    honours = frozenset({"prompt_len", "gen_len", "context_len", "warmups", "repetitions"})
+    max_batch = 1
+    metrics = metrics.NAMES
+    observe_only = frozenset({"dtype", "kv_cache_memory_bytes", "context_len"})
+    reference_form = "pte-fp32"
+    env_prefixes = ENV_PREFIXES
+
+    def refuse_form(self, where: str, form: str) -> None:
+        _refuse_form(where, form)
+
+    def require(self) -> str:
+        return forms.require()
+
+    def validate_options(self, path: str, arm: Any, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        super().validate_options(path, arm, opts, workload)
+        for k, bound in (("context_len", MAX_CONTEXT), ("prompt_len", MAX_SEQ)):
+            where, values = workload.get(k, (f"workload.{k}", set()))
+            over = sorted(v for v in values if int(v) > bound)
+            if over:
+                raise UserError(path, f"{where}: {over[0]} for arm {arm.name!r}, but the ExecuTorch forms are exported "
+                                      f"with {'a KV cache of' if k == 'context_len' else 'forward calls of at most'} "
+                                      f"{bound} tokens", f"use {k} <= {bound}")
+
+    def engine_info(self) -> dict[str, Any]:
+        libs = libraries()
+        freeze = envs.freeze(ENV, PINS)
+        main = next((k for k in libs if k.startswith("_C.cpython")), None)
+        return {"name": NAME, "version": f"executorch=={freeze.get('executorch', 'unknown')}, "
+                                         f"torch=={freeze.get('torch', 'unknown')} (PyPI, own environment)",
+                "build_commit": "unknown (the wheel names none)",
+                "build": {"distributions": {d: freeze.get(d, "missing") for d in ("executorch", "torch", "torchao")},
+                          "environment": f"{ENV}-{envs.key(PINS)}",
+                          "environment_freeze_sha256": hashlib.sha256(
+                              (envs.env_dir(ENV, PINS) / "freeze.txt").read_bytes()).hexdigest(),
+                          "binary": main or "unknown", "binary_sha256": libs[main]["sha256"] if main else "unknown",
+                          "libraries": wheels.build_block(libs), "backend": "xnnpack",
+                          "worker": "harness/engines/executorch/worker.py",
+                          "worker_sha256": hashlib.sha256(WORKER.read_bytes()).hexdigest()}}
+
+    def _env(self, ctx_env: dict[str, str] | None = None) -> dict[str, str]:
+        return {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **WORKER_ENV,
+                **(ctx_env or {}), "PYTHONNOUSERSITE": "1", "PYTHONPATH": ""}
+
+    def _python(self) -> str:
+        return str(forms.env_python()[0])
+
+    def run(self, ctx: RunContext, form: str) -> EngineResult:
+        p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])
+        c, b = int(ctx.params["context_len"]), int(ctx.params.get("batch", 1))
+        w, reps = ctx.spec.warmups, ctx.spec.repetitions
+        requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
+                     "context_len": c, "batch": b, "warmups": w, "repetitions": reps, **ctx.arm.options}
+        env_rec = self._env({**ctx.arm.env, **ctx.env})
+        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [self._python(), str(WORKER), "request.json", "result.json"]
+        info = self.engine_info()
+        if b != 1 or p + g > min(c, MAX_CONTEXT) or p > MAX_SEQ:  # refused at plan; a cell of several values here
+            why = f"batch {b}: {NAME} runs one request at a time" if b != 1 else \
+                f"prompt_len {p} + gen_len {g} exceed context_len {c} (the program holds {MAX_CONTEXT}, " \
+                f"prompts up to {MAX_SEQ})"
+            return failed("failed", why, cmd, env_rec, "", info, requested)
+        prompts = metrics.request_prompts(ctx.model, p, b, w + reps)
+        request = {"model_path": str(models.form_path(ctx.model, form) / "model.pte"), "threads": ctx.threads,
+                   "gen_len": g, "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)]}
+        req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
+        req_path.write_text(json.dumps(request))
+        cmd = cmd[:-2] + [str(req_path), str(out_path)]
+        worker = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, f"{NAME} worker",
+                            cwd=ctx.workdir, poll_s=ctx.poll_s)
+        if worker.result is None:
+            return worker.failed(cmd, env_rec, info, requested)
+        r, res = worker.proc, worker.result
+        eff, samples = res["effective"], res["samples"]
+        problem = _mismatch(eff, p, g, len(samples), w + reps, ctx.threads)
+        if problem:
+            return failed("failed", problem, cmd, env_rec, r.stderr, info, requested, r.peak_memory)
+        settings = {
+            "threads": setting(ctx.threads, eff["threads"], THREADS_SOURCE),
+            "cpus": setting(ctx.cpus, eff["cpu_affinity"], f"sched_getaffinity(0) inside the {NAME} worker"),
+            "context_len": setting(c, None, CONTEXT_REASON),
+            "batch": setting(b, min(s[0] for s in eff["logits_shapes"]), "the batch dimension of the logits the "
+                                                                         "program returned (its first calls)"),
+            "warmups": setting(w, sum(1 for s in samples if s["warmup"]), "warm-up requests the worker ran"),
+        }
+        effective = {**eff, "load_s": res.get("load_s"), "timestamps": TIMESTAMPS,
+                     "form_recipe": models.load_manifest(ctx.model)["forms"][form].get("recipe"),
+                     "metric_definitions": metrics.DEFINITIONS_VERSION}
+        return EngineResult(status="ok", metrics=metrics.from_timestamps(samples, p), engine=info, requested=requested,
+                            effective=effective, command=cmd, env=env_rec, peak_memory=r.peak_memory,
+                            after_load={"status": "not separable",
+                                        "reason": f"the {NAME} worker loads and measures in one process; see after_run"},
+                            prompt_token_hash=metrics.prompts_hash(prompts),
+                            compile_cache={"key": "n/a", "state": "n/a (the program is compiled ahead of time: the "
+                                                                  "form's model.pte)"},
+                            eager=None, settings=settings)
+
+    # ---- fidelity -------------------------------------------------------------------------------------
+    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
+                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
+        cfg = {"model_path": str(model_path / "model.pte"), "threads": threads, "request_path": str(req_path)}
+        cfg_path = workdir / "fidelity-config.json"
+        cfg_path.write_text(json.dumps(cfg))
+        cmd = affinity_prefix(cpus, None) + [self._python(), str(WORKER), "--fidelity", str(cfg_path), str(out_path)]
+        return cmd, self._env()
+
+    def fidelity_result_block(self, eng: dict, result: dict) -> dict:
+        """The engine block, once the worker is shown to have loaded the hashed libraries."""
+        problem = _foreign_libraries(result.get("effective") or {})
+        if problem:
+            raise UserError(f"{NAME} fidelity worker", problem, "remake ExecuTorch's environment")
+        return eng
+
+    def fidelity_execution(self) -> dict[str, Any]:
+        return {"compile_cache": {"key": "n/a", "state": "n/a (compiled ahead of time: the form's model.pte)"},
+                "eager": None}
+
+
+def _refuse_form(where: str, form: str) -> None:
+    if form not in FORMS:
+        raise UserError(where, f"{NAME} cannot load form {form!r}: it loads {', '.join(FORMS)} (XNNPACK programs "
+                               "exported from the model's hf-fp32)", f"use one of {', '.join(FORMS)}")
+
+
+def _foreign_libraries(eff: dict) -> str | None:
+    """A loaded ExecuTorch library that is not one of the hashed ones."""
+    hashed = {os.path.realpath(v["path"]) for v in libraries().values()}
+    loaded = [p for p in eff.get("libraries") or [] if LIBRARY.search(os.path.basename(p))]
+    if not loaded:
+        return "the worker reported no ExecuTorch library loaded"
+    foreign = [p for p in loaded if p not in hashed]
+    return f"the worker loaded {foreign[0]}, which is not the hashed build" if foreign else None
+
+
+def _mismatch(eff: dict, prompt_len: int, gen_len: int, n: int, want: int, threads: int) -> str | None:
+    """What the worker read back that contradicts the request or the hashed build, if anything."""
+    if n != want:
+        return f"the worker ran {n} requests, {want} were asked"
+    if any(t != prompt_len for t in eff["prompt_tokens"]):
+        return f"the program was fed {eff['prompt_tokens']} prompt tokens, prompt_len is {prompt_len}"
+    if any(t != gen_len for t in eff["output_tokens"]):
+        return f"the requests returned {eff['output_tokens']} tokens, gen_len is {gen_len}"
+    if eff.get("executorch_version") != PIN:
+        return f"the worker imported executorch {eff.get('executorch_version')}, the harness pins {PIN}"
+    if eff.get("pool_threads") != threads:
+        return f"the runtime's thread pool holds {eff.get('pool_threads')} threads, {threads} were asked"
+    ctx = (eff.get("program_metadata") or {}).get("get_max_context_len")
+    if ctx != MAX_CONTEXT:
+        return f"the program's context is {ctx} tokens, its form was exported with {MAX_CONTEXT}"
+    return _foreign_libraries(eff)
