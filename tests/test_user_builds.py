@@ -256,3 +256,17 @@ def test_a_llamacpp_fidelity_build_may_name_its_own_build(tmp_path):
         g.write_text(body.replace("BUILD", build))
         with pytest.raises(UserError, match=re.escape(says)):
             fidelity.load_grid(g)
+
+
+def test_the_native_build_leaves_ggml_amx_out_on_an_amx_cpu_only():
+    """With ggml's AMX buffer type, this pin's quantized GGUFs die with SIGSEGV on an AMX CPU (issue 20824)."""
+    amx = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+    off = llamacpp_build.amx_off(amx)
+    assert off and all("-mno-amx-int8" in f and "-mno-amx-tile" in f for f in off)
+    assert {f.split("=", 1)[0] for f in off} == {"-DCMAKE_C_FLAGS", "-DCMAKE_CXX_FLAGS"}
+    assert llamacpp_build.amx_off("flags\t\t: fpu avx2 avx512f avx512_bf16\n") == ()
+    assert llamacpp_build.amx_off("") == ()
+    here = llamacpp_build.amx_off()
+    assert set(here) <= set(llamacpp_build.cmake_flags())
+    with llamacpp_build.server():
+        assert set(here) <= set(llamacpp_build.cmake_flags())

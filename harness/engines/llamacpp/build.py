@@ -239,14 +239,34 @@ def server():
         _SERVER.reset(token)
 
 
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def amx_off(cpuinfo: str | None = None) -> tuple[str, ...]:
+    """On a CPU with AMX the native builds leave ggml's AMX buffer type out (the compiler's AMX macros off, which
+    an explicit -mno-* keeps against -march=native): with it, every quantized GGUF (q4_0, q8_0) dies with SIGSEGV
+    in this pin (0c1e570; upstream llama.cpp issue 20824, in ggml_backend_amx_mul_mat). Elsewhere nothing, so the
+    keys of hosts without AMX are unchanged."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ()
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    if "amx_int8" not in flags and "amx_tile" not in flags:
+        return ()
+    return (f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}")
+
+
 def cmake_flags() -> tuple[str, ...]:
     v = _VARIANT.get()
     ub = _USER.get()
     extra = ub.flags if ub is not None else ()
     if _SERVER.get():
-        return tuple("-DLLAMA_BUILD_SERVER=ON" if f == "-DLLAMA_BUILD_SERVER=OFF" else f for f in CMAKE_FLAGS)
+        return tuple("-DLLAMA_BUILD_SERVER=ON" if f == "-DLLAMA_BUILD_SERVER=OFF" else f for f in CMAKE_FLAGS) \
+            + amx_off()
     if v is None:
-        return CMAKE_FLAGS + extra
+        return CMAKE_FLAGS + amx_off() + extra
     return tuple(f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON") + ISA_VARIANTS[v][0] + extra
 
 
@@ -276,7 +296,7 @@ def _key_payload() -> dict:
         return {"sdist_sha256": SDIST_SHA256, "flags": list(cmake_flags()), "targets": list(SERVER_TARGETS),
                 "native_isa": native_isa()}
     if _VARIANT.get() is None:  # the native build's key, unchanged by variants existing
-        return {"sdist_sha256": SDIST_SHA256, "flags": list(CMAKE_FLAGS), "targets": list(TARGETS),
+        return {"sdist_sha256": SDIST_SHA256, "flags": list(CMAKE_FLAGS + amx_off()), "targets": list(TARGETS),
                 "native_isa": native_isa()}
     return {"sdist_sha256": SDIST_SHA256, "flags": list(cmake_flags()), "targets": list(VARIANT_TARGETS),
             "isa_variant": _VARIANT.get()}
