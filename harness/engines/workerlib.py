@@ -1,4 +1,4 @@
-"""What the engines' fresh-process workers share (harness/engines/openvino/worker.py, onnxruntime/worker.py).
+"""What the engines' fresh-process workers share (harness/engines/openvino, onnxruntime and executorch worker.py).
 
 Standard library at import (numpy inside the functions that need it): a worker imports this and its own engine's
 library, nothing else of the harness. The result file is written atomically; the threads that ran the model are
@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import traceback
 from typing import Any, Callable
 
@@ -57,6 +58,18 @@ def write_result(out_path: str, compute: Callable[[], dict[str, Any]], one_line:
         json.dump(res, f)
     os.replace(tmp, out_path)
     return code
+
+
+def main(measure: Callable[[dict], dict[str, Any]], fidelity: Callable[[dict], dict[str, Any]]) -> int:
+    """A worker's command line, `REQUEST.json RESULT.json` or `--fidelity CONFIG.json RESULT.json`: the exit code."""
+    args = sys.argv[1:]
+    mode = "fidelity" if args[:1] == ["--fidelity"] else "measure"
+    args = args[1:] if mode == "fidelity" else args
+    if len(args) != 2:
+        print("usage: worker.py REQUEST.json RESULT.json | worker.py --fidelity CONFIG.json RESULT.json", file=sys.stderr)
+        return 2
+    doc = json.loads(open(args[0]).read())
+    return write_result(args[1], lambda: fidelity(doc) if mode == "fidelity" else measure(doc))
 
 
 def log_softmax(logits):

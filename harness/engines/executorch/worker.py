@@ -155,11 +155,4 @@ def fidelity(cfg: dict) -> dict:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    mode = "fidelity" if args[:1] == ["--fidelity"] else "measure"
-    args = args[1:] if mode == "fidelity" else args
-    if len(args) != 2:
-        print("usage: worker.py REQUEST.json RESULT.json | worker.py --fidelity CONFIG.json RESULT.json", file=sys.stderr)
-        sys.exit(2)
-    doc = json.loads(open(args[0]).read())
-    sys.exit(workerlib.write_result(args[1], lambda: fidelity(doc) if mode == "fidelity" else measure(doc)))
+    sys.exit(workerlib.main(measure, fidelity))

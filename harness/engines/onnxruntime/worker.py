@@ -28,8 +28,8 @@ import time
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)
 
-from harness.engines.workerlib import (add_busy, log_softmax, running_threads, scored_prompts,  # noqa: E402
-                                      thread_cpu_ns, write_result)
+from harness.engines.workerlib import (add_busy, log_softmax, main, running_threads, scored_prompts,  # noqa: E402
+                                      thread_cpu_ns)
 
 
 def loaded_libraries() -> list[str]:
@@ -175,11 +175,4 @@ def fidelity(cfg: dict) -> dict:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    mode = "fidelity" if args[:1] == ["--fidelity"] else "measure"
-    args = args[1:] if mode == "fidelity" else args
-    if len(args) != 2:
-        print("usage: worker.py REQUEST.json RESULT.json | worker.py --fidelity CONFIG.json RESULT.json", file=sys.stderr)
-        sys.exit(2)
-    doc = json.loads(open(args[0]).read())
-    sys.exit(write_result(args[1], lambda: fidelity(doc) if mode == "fidelity" else measure(doc)))
+    sys.exit(main(measure, fidelity))
