@@ -563,11 +563,42 @@ def verify(name: str, full: bool = False) -> list[str]:
     return problems
 
 
+class KQuants:
+    """llama.cpp's K-quant GGUF forms, made on demand from hf-fp32 by the pinned build's own tools (convert to f32,
+    then llama-quantize with the type's own mix of tensor types). A K-quant block spans 256 weights: a tensor whose
+    rows are not a multiple of 256 wide gets llama-quantize's fallback type instead (SmolLM2-135M's width 576 sends
+    most of its matrices there), so the form records the tensor types the file holds, read back from its header."""
+
+    FORMS = {"gguf-q4_k_m": ("Q4_K_M", "q4_k_m")}
+
+    @staticmethod
+    def recipe(form: str) -> dict[str, Any]:
+        from harness.engines.llamacpp import build as llamacpp_build
+        with _pinned():
+            code = llamacpp_build.code_key()
+        return {"converter": "convert_hf_to_gguf.py --outtype f32", "quantizer": f"llama-quantize {KQuants.FORMS[form][0]}",
+                llamacpp_build.TOOL_KEY: code}
+
+    @staticmethod
+    def build(hf_dir: Path, out: Path, form: str) -> dict[str, Any]:
+        qtype, dtype = KQuants.FORMS[form]
+        out.mkdir(parents=True)
+        f32 = out / "model-f32.tmp.gguf"
+        try:
+            _convert_gguf(hf_dir, f32, "f32")
+            _quantize(f32, out / f"model-{dtype}.gguf", qtype)
+        finally:
+            f32.unlink(missing_ok=True)
+        types = usermodels.gguf_info(out / f"model-{dtype}.gguf", f"{form} of {hf_dir}")["tensor_types"]
+        return {"path": f"{out.name}/model-{dtype}.gguf", "format": "gguf", "dtype": dtype,
+                "from": "hf-fp32", "recipe": KQuants.recipe(form), "tensor_types": types}
+
+
 # Forms an engine's own offline converter makes from a prepared model's hf-fp32, on demand (when a grid or a
 # fidelity build loads one): added to the prepared copy (its other files kept, hard-linked), hashed into its
 # manifest, each with the recipe that made it (a form whose recipe is not the current one is made again).
 DERIVED: dict[str, Any] = {**{f: onnx_forms for f in onnx_forms.FORMS}, **{f: quantizers for f in quantizers.FORMS},
-                           **{f: executorch_forms for f in executorch_forms.FORMS}}
+                           **{f: executorch_forms for f in executorch_forms.FORMS}, **{f: KQuants for f in KQuants.FORMS}}
 
 
 def can_have(name: str, form: str) -> bool:

@@ -185,7 +185,7 @@ def gguf_info(path: Path, where: str) -> dict[str, Any]:
         raise UserError(where, f"{path}: unreadable GGUF header ({str(e)[:120]})",
                         "the file is truncated or corrupted: copy it again") from None
     size = path.stat().st_size
-    end = max((data_start + off + nbytes for off, nbytes, _ in tensors), default=data_start)
+    end = max((data_start + off + nbytes for off, nbytes, _, _ in tensors), default=data_start)
     if end > size:
         raise UserError(where, f"{path}: truncated ({size} bytes, its tensors end at {end})", "copy the file again")
     arch = kv.get("general.architecture")
@@ -199,15 +199,19 @@ def gguf_info(path: Path, where: str) -> dict[str, Any]:
         ("hidden_size", "embedding_length"), ("intermediate_size", "feed_forward_length"),
         ("num_hidden_layers", "block_count"), ("num_attention_heads", "attention.head_count"),
         ("num_key_value_heads", "attention.head_count_kv"))} if arch else {}
-    return {"architecture": arch, "file_type": dtype, "parameters": sum(n for _, _, n in tensors), "shape": shape}
+    types: dict[str, int] = {}
+    for _, _, _, t in tensors:
+        types[t] = types.get(t, 0) + 1
+    return {"architecture": arch, "file_type": dtype, "parameters": sum(n for _, _, n, _ in tensors), "shape": shape,
+            "tensor_types": dict(sorted(types.items()))}
 
 
 MAX_COUNT = 1 << 24  # no real GGUF has more keys, tensors or array items: a larger count is a corrupt header
 
 
-def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int, int]], int]:
+def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int, int, str]], int]:
     """The GGUF header without loading it whole (gguf-py's reader walks every vocabulary string in Python):
-    scalar and string keys (arrays skipped), and per tensor (offset in the data section, bytes, elements);
+    scalar and string keys (arrays skipped), and per tensor (offset in the data section, bytes, elements, ggml type);
     the data section's start. Spec: ggml/docs/gguf.md (version 2 and 3: 64-bit counts)."""
     import struct
 
@@ -262,13 +266,14 @@ def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int, 
             dims = [u64() for _ in range(struct.unpack("<I", read(4))[0])]
             ttype, offset = struct.unpack("<I", read(4))[0], u64()
             try:
-                block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+                qtype = GGMLQuantizationType(ttype)
+                block, nbytes = GGML_QUANT_SIZES[qtype]
             except (ValueError, KeyError):
                 raise ValueError(f"unknown tensor type {ttype}") from None
             n = 1
             for d in dims:
                 n *= d
-            tensors.append((offset, n // block * nbytes, n))
+            tensors.append((offset, n // block * nbytes, n, qtype.name.lower()))
         align = kv.get("general.alignment", 32)
         pos = f.tell()
         return kv, tensors, pos + (-pos % align)

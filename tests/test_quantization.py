@@ -102,3 +102,50 @@ def test_plan_refuses_float32_activations_for_the_w4a16_op(write_grid, cli, monk
         assert rc == 0, err
         return
     assert rc == 2 and "options.dtype" in err and "cpu_gemm_wna16" in err and "set dtype: bfloat16" in err, err
+
+
+REAL = """
+name: w4real
+model: tiny-llama
+arms:
+  - {name: gptq, engine: vllm, form: hf-gptq-w4, options: {dtype: bfloat16, eager: true}}
+  - {name: head, engine: vllm, form: hf-w4a16-head, options: {dtype: bfloat16, eager: true}}
+workload: {prompt_len: 16, context_len: 128, gen_len: 8}
+threads: 2
+passes: 1
+repetitions: 1
+warmups: 0
+timeout_s: 600
+"""
+
+
+@pytest.mark.engines
+def test_the_gptq_layout_and_the_head_trap_are_made_and_run_through_the_w4a16_kernel(tmp_path):
+    """Both forms made on tiny-llama by their quantizers (what they hold read back: GPTQ's qweight layout with the
+    head float; compressed-tensors with the head packed too and untied), and run by vLLM for real: the linear
+    methods read from the loaded model show which layers took the 4-bit kernel (the trap's head among them)."""
+    import json
+
+    from harness import execute, models
+    from harness.store import Store
+    tier = hardware.current_profile()["isa_tier"]
+    if not library_has_op(kernel_library(KERNELS.get(tier, "")) or tmp_path, "cpu_gemm_wna16"):
+        pytest.skip(f"ISA tier {tier}: vLLM's kernel library here has no cpu_gemm_wna16 (refused at plan, tested above)")
+    models.ensure("tiny-llama", ["hf-gptq-w4", "hf-w4a16-head"])
+    forms = models.load_manifest("tiny-llama")["forms"]
+    g, h = forms["hf-gptq-w4"], forms["hf-w4a16-head"]
+    assert g["quantization_config"]["quant_method"] == "gptq" and g["quantization_config"]["sym"] is True
+    assert g["quantized_modules"] == {"count": 14, "head": False} and g["tie_word_embeddings"] is True
+    assert h["quantized_modules"] == {"count": 15, "head": True} and h["tie_word_embeddings"] is False
+
+    (tmp_path / "w4real.yaml").write_text(REAL)
+    s = execute.run(str(tmp_path / "w4real.yaml"), store_root=tmp_path / "store")
+    docs = {d["grid"]["arm"]: d for d in (json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("w4real"))}
+    assert s.failed == 0 and set(docs) == {"gptq", "head"}, [d.get("error") for d in docs.values()]
+    lm = {arm: d["execution"]["effective"]["linear_methods"] for arm, d in docs.items()}
+    wna16 = {arm: sum(n for k, n in m.items() if k.endswith("CPUWNA16LinearKernel")) for arm, m in lm.items()}
+    # vLLM fuses q/k/v and gate/up: 4 linear layers a block, 2 blocks; the trap's head is the 9th, and only the
+    # embedding is left to the unquantized embedding method (the head is one in the other forms)
+    assert wna16 == {"gptq": 8, "head": 9}, lm
+    assert lm["gptq"]["UnquantizedEmbeddingMethod"] == 2 and lm["head"]["UnquantizedEmbeddingMethod"] == 1, lm
+    assert any(k.startswith("AutoGPTQLinearMethod") for k in lm["gptq"]), lm

