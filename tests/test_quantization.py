@@ -129,7 +129,8 @@ def test_the_gptq_layout_and_the_head_trap_are_made_and_run_through_the_w4a16_ke
     from harness import execute, models
     from harness.store import Store
     tier = hardware.current_profile()["isa_tier"]
-    if not library_has_op(kernel_library(KERNELS.get(tier, "")) or tmp_path, "cpu_gemm_wna16"):
+    lib = kernel_library(KERNELS[tier]) if tier in KERNELS else None
+    if lib is None or not library_has_op(lib, "cpu_gemm_wna16"):
         pytest.skip(f"ISA tier {tier}: vLLM's kernel library here has no cpu_gemm_wna16 (refused at plan, tested above)")
     models.ensure("tiny-llama", ["hf-gptq-w4", "hf-w4a16-head"])
     forms = models.load_manifest("tiny-llama")["forms"]
