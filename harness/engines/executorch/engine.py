@@ -20,16 +20,15 @@ the same forward calls (prefill, then one call per forced token). The reference 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from harness import envs, metrics, models
+from harness import envs, metrics
 from harness.engines import wheels
-from harness.engines.base import (EngineResult, OneRequestEngine, Options, RunContext, affinity_prefix, failed,
-                                  run_worker, setting)
+from harness.engines.base import Options
+from harness.engines.requestworker import WorkerEngine
 from harness.engines.executorch import forms
 from harness.engines.executorch.forms import ENV, FORMS, MAX_CONTEXT, MAX_SEQ, PIN, PINS
 from harness.errors import UserError
@@ -68,8 +67,12 @@ def libraries() -> dict[str, dict[str, Any]]:
     return wheels.libraries(DISTS, LIBRARY, NAME, "executorch", INSTALL_FIX, path=site_packages())
 
 
-class ExecuTorch(OneRequestEngine):
+class ExecuTorch(WorkerEngine):
     name = NAME
+    worker = WORKER
+    timestamps, threads_source, context_reason = TIMESTAMPS, THREADS_SOURCE, CONTEXT_REASON
+    batch_source = "the batch dimension of the logits the program returned (its first calls)"
+    compile_state = "n/a (the program is compiled ahead of time: the form's model.pte)"
     default_form = "pte-fp32"
     form_prefix = "pte-"
     form_hint = f"executorch {PIN} loads {', '.join(FORMS)} (exported from the model's hf-fp32)"
@@ -117,77 +120,31 @@ class ExecuTorch(OneRequestEngine):
         return {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **WORKER_ENV,
                 **(ctx_env or {}), "PYTHONNOUSERSITE": "1", "PYTHONPATH": ""}
 
-    def _python(self) -> str:
+    def worker_python(self) -> str:
         return str(forms.env_python()[0])
 
-    def run(self, ctx: RunContext, form: str) -> EngineResult:
-        p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])
-        c, b = int(ctx.params["context_len"]), int(ctx.params.get("batch", 1))
-        w, reps = ctx.spec.warmups, ctx.spec.repetitions
-        requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
-                     "context_len": c, "batch": b, "warmups": w, "repetitions": reps, **ctx.arm.options}
-        env_rec = self._env({**ctx.arm.env, **ctx.env})
-        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [self._python(), str(WORKER), "request.json", "result.json"]
-        info = self.engine_info()
-        if b != 1 or p + g > min(c, MAX_CONTEXT) or p > MAX_SEQ:  # refused at plan; a cell of several values here
-            why = f"batch {b}: {NAME} runs one request at a time" if b != 1 else \
-                f"prompt_len {p} + gen_len {g} exceed context_len {c} (the program holds {MAX_CONTEXT}, " \
-                f"prompts up to {MAX_SEQ})"
-            return failed("failed", why, cmd, env_rec, "", info, requested)
-        prompts = metrics.request_prompts(ctx.model, p, b, w + reps)
-        request = {"model_path": str(models.form_path(ctx.model, form) / "model.pte"), "threads": ctx.threads,
-                   "gen_len": g, "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)]}
-        req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
-        req_path.write_text(json.dumps(request))
-        cmd = cmd[:-2] + [str(req_path), str(out_path)]
-        worker = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, f"{NAME} worker",
-                            cwd=ctx.workdir, poll_s=ctx.poll_s)
-        if worker.result is None:
-            return worker.failed(cmd, env_rec, info, requested)
-        r, res = worker.proc, worker.result
-        eff, samples = res["effective"], res["samples"]
-        problem = _mismatch(eff, p, g, len(samples), w + reps, ctx.threads)
-        if problem:
-            return failed("failed", problem, cmd, env_rec, r.stderr, info, requested, r.peak_memory)
-        settings = {
-            "threads": setting(ctx.threads, eff["threads"], THREADS_SOURCE),
-            "cpus": setting(ctx.cpus, eff["cpu_affinity"], f"sched_getaffinity(0) inside the {NAME} worker"),
-            "context_len": setting(c, None, CONTEXT_REASON),
-            "batch": setting(b, min(s[0] for s in eff["logits_shapes"]), "the batch dimension of the logits the "
-                                                                         "program returned (its first calls)"),
-            "warmups": setting(w, sum(1 for s in samples if s["warmup"]), "warm-up requests the worker ran"),
-        }
-        effective = {**eff, "load_s": res.get("load_s"), "timestamps": TIMESTAMPS,
-                     "form_recipe": models.load_manifest(ctx.model)["forms"][form].get("recipe"),
-                     "metric_definitions": metrics.DEFINITIONS_VERSION}
-        return EngineResult(status="ok", metrics=metrics.from_timestamps(samples, p), engine=info, requested=requested,
-                            effective=effective, command=cmd, env=env_rec, peak_memory=r.peak_memory,
-                            after_load={"status": "not separable",
-                                        "reason": f"the {NAME} worker loads and measures in one process; see after_run"},
-                            prompt_token_hash=metrics.prompts_hash(prompts),
-                            compile_cache={"key": "n/a", "state": "n/a (the program is compiled ahead of time: the "
-                                                                  "form's model.pte)"},
-                            eager=None, settings=settings)
+    def model_file(self, form_path: Path) -> Path:
+        return form_path / "model.pte"
+
+    def too_long(self, prompt_len: int, gen_len: int, context_len: int) -> str | None:
+        if prompt_len + gen_len > min(context_len, MAX_CONTEXT) or prompt_len > MAX_SEQ:
+            return (f"prompt_len {prompt_len} + gen_len {gen_len} exceed context_len {context_len} (the program holds "
+                    f"{MAX_CONTEXT}, prompts up to {MAX_SEQ})")
+        return None
+
+    def mismatch(self, eff: dict, prompt_len: int, gen_len: int, n: int, want: int, threads: int) -> str | None:
+        return _mismatch(eff, prompt_len, gen_len, n, want, threads)
+
+    def read_batch(self, eff: dict) -> int:
+        return min(s[0] for s in eff["logits_shapes"])
 
     # ---- fidelity -------------------------------------------------------------------------------------
-    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
-                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
-        cfg = {"model_path": str(model_path / "model.pte"), "threads": threads, "request_path": str(req_path)}
-        cfg_path = workdir / "fidelity-config.json"
-        cfg_path.write_text(json.dumps(cfg))
-        cmd = affinity_prefix(cpus, None) + [self._python(), str(WORKER), "--fidelity", str(cfg_path), str(out_path)]
-        return cmd, self._env()
-
     def fidelity_result_block(self, eng: dict, result: dict) -> dict:
         """The engine block, once the worker is shown to have loaded the hashed libraries."""
         problem = _foreign_libraries(result.get("effective") or {})
         if problem:
             raise UserError(f"{NAME} fidelity worker", problem, "remake ExecuTorch's environment")
         return eng
-
-    def fidelity_execution(self) -> dict[str, Any]:
-        return {"compile_cache": {"key": "n/a", "state": "n/a (compiled ahead of time: the form's model.pte)"},
-                "eager": None}
 
 
 def _refuse_form(where: str, form: str) -> None:

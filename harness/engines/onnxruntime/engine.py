@@ -20,18 +20,16 @@ the model's logits output over prompt + continuation. The reference form is onnx
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from harness import metrics, models
+from harness import metrics
 from harness.engines import wheels
-from harness.engines.base import (EngineResult, OneRequestEngine, Options, RunContext, affinity_prefix, failed,
-                                  run_worker, setting)
+from harness.engines.base import Options
+from harness.engines.requestworker import WorkerEngine
 from harness.engines.onnxruntime.forms import DIST, FORMS, INSTALL_FIX, PIN, require
 from harness.errors import UserError
 
@@ -71,8 +69,12 @@ def _commit() -> str:
     return m.group(1) if m else "unknown"
 
 
-class OnnxRuntimeGenAi(OneRequestEngine):
+class OnnxRuntimeGenAi(WorkerEngine):
     name = NAME
+    worker = WORKER
+    timestamps, threads_source, context_reason = TIMESTAMPS, THREADS_SOURCE, CONTEXT_REASON
+    batch_source = "sequences per step: the batch dimension of the model's logits output after each request's last step, fewest over repetitions"
+    compile_state = "n/a (the session is created in every run; no optimized model is saved)"
     default_form = "onnx-fp32"
     form_prefix = "onnx-"
     form_hint = f"onnxruntime-genai {PIN} loads {', '.join(FORMS)} (made from the model's hf-fp32)"
@@ -107,72 +109,19 @@ class OnnxRuntimeGenAi(OneRequestEngine):
         return {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **WORKER_ENV,
                 **(ctx_env or {}), "PYTHONNOUSERSITE": "1"}
 
-    def run(self, ctx: RunContext, form: str) -> EngineResult:
-        p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])
-        c, b = int(ctx.params["context_len"]), int(ctx.params.get("batch", 1))
-        w, reps = ctx.spec.warmups, ctx.spec.repetitions
-        requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
-                     "context_len": c, "batch": b, "warmups": w, "repetitions": reps, **ctx.arm.options}
-        env_rec = self._env({**ctx.arm.env, **ctx.env})
-        info = self.engine_info()
-        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [sys.executable, str(WORKER), "request.json", "result.json"]
-        if b != 1 or p + g > c:  # refused at plan; a run reached otherwise (a cell of several values) fails here
-            why = f"batch {b}: {NAME} runs one request at a time" if b != 1 else \
-                f"prompt_len {p} + gen_len {g} exceed context_len {c}"
-            return failed("failed", why, cmd, env_rec, "", info, requested)
-        prompts = metrics.request_prompts(ctx.model, p, b, w + reps)
-        request = {"model_path": str(models.form_path(ctx.model, form)), "threads": ctx.threads, "gen_len": g,
-                   "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)]}
-        req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
-        req_path.write_text(json.dumps(request))
-        cmd = cmd[:-2] + [str(req_path), str(out_path)]
-        worker = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, f"{NAME} worker",
-                            cwd=ctx.workdir, poll_s=ctx.poll_s)
-        if worker.result is None:
-            return worker.failed(cmd, env_rec, info, requested)
-        r, res = worker.proc, worker.result
-        eff, samples = res["effective"], res["samples"]
-        problem = _mismatch(eff, p, g, len(samples), w + reps)
-        if problem:
-            return failed("failed", problem, cmd, env_rec, r.stderr, info, requested, r.peak_memory)
-        settings = {
-            "threads": setting(ctx.threads, eff["threads"], THREADS_SOURCE),
-            "cpus": setting(ctx.cpus, eff["cpu_affinity"], f"sched_getaffinity(0) inside the {NAME} worker"),
-            "context_len": setting(c, None, CONTEXT_REASON),
-            "batch": setting(b, min(eff["batch_sizes"]), "sequences per step: the batch dimension of the model's logits "
-                                                         "output after each request's last step, fewest over repetitions"),
-            "warmups": setting(w, sum(1 for s in samples if s["warmup"]), "warm-up requests the worker ran"),
-        }
-        effective = {**eff, "load_s": res.get("load_s"), "timestamps": TIMESTAMPS,
-                     "form_recipe": models.load_manifest(ctx.model)["forms"][form].get("recipe"),
-                     "metric_definitions": metrics.DEFINITIONS_VERSION}
-        return EngineResult(status="ok", metrics=metrics.from_timestamps(samples, p), engine=info, requested=requested,
-                            effective=effective, command=cmd, env=env_rec, peak_memory=r.peak_memory,
-                            after_load={"status": "not separable",
-                                        "reason": f"the {NAME} worker loads and measures in one process; see after_run"},
-                            prompt_token_hash=metrics.prompts_hash(prompts),
-                            compile_cache={"key": "n/a", "state": "n/a (the session is created in every run; no "
-                                                                  "optimized model is saved)"},
-                            eager=None, settings=settings)
+    def mismatch(self, eff: dict, prompt_len: int, gen_len: int, n: int, want: int, threads: int) -> str | None:
+        return _mismatch(eff, prompt_len, gen_len, n, want)
+
+    def read_batch(self, eff: dict) -> int:
+        return min(eff["batch_sizes"])
 
     # ---- fidelity -------------------------------------------------------------------------------------
-    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
-                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
-        cfg = {"model_path": str(model_path), "threads": threads, "request_path": str(req_path)}
-        cfg_path = workdir / "fidelity-config.json"
-        cfg_path.write_text(json.dumps(cfg))
-        cmd = affinity_prefix(cpus, None) + [sys.executable, str(WORKER), "--fidelity", str(cfg_path), str(out_path)]
-        return cmd, self._env()
-
     def fidelity_result_block(self, eng: dict, result: dict) -> dict:
         """The engine block, once the worker is shown to have loaded the hashed libraries."""
         problem = _foreign_libraries(result.get("effective") or {})
         if problem:
             raise UserError(f"{NAME} fidelity worker", problem, "remove the other onnxruntime from the path")
         return eng
-
-    def fidelity_execution(self) -> dict[str, Any]:
-        return {"compile_cache": {"key": "n/a", "state": "n/a (the session is created in every run)"}, "eager": None}
 
 
 def _refuse_form(where: str, form: str) -> None:
