@@ -1,4 +1,4 @@
-"""One request at a time in a worker process that reads its settings back (onnxruntime-genai, executorch): the run
+"""One request at a time in a worker process that reads its settings back (openvino, onnxruntime-genai, executorch): the run
 (request file, worker, read-back checks, settings, result) and the fidelity command, once. A subclass names its
 worker, its python, the model file of a form, the texts its settings cite, and what in the worker's read-back
 contradicts the request (`mismatch`)."""
@@ -39,8 +39,17 @@ class WorkerEngine(OneRequestEngine):
             return f"prompt_len {prompt_len} + gen_len {gen_len} exceed context_len {context_len}"
         return None
 
-    def mismatch(self, eff: dict, prompt_len: int, gen_len: int, n: int, want: int, threads: int) -> str | None:
+    def mismatch(self, info: dict, eff: dict, prompt_len: int, gen_len: int, n: int, want: int,
+                 threads: int) -> str | None:
+        """What the worker read back that contradicts the request or the hashed build (`info`), if anything."""
         raise NotImplementedError
+
+    def request_extra(self) -> dict[str, Any]:
+        """What else the worker's request and fidelity config carry (a backend the engine pins)."""
+        return {}
+
+    def fidelity_extra(self, workdir: Path) -> dict[str, Any]:
+        return self.request_extra()
 
     def read_batch(self, eff: dict) -> int:
         raise NotImplementedError
@@ -60,7 +69,8 @@ class WorkerEngine(OneRequestEngine):
             return failed("failed", why, cmd, env_rec, "", info, requested)
         prompts = metrics.request_prompts(ctx.model, p, b, w + reps)
         request = {"model_path": str(self.model_file(models.form_path(ctx.model, form))), "threads": ctx.threads,
-                   "gen_len": g, "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)]}
+                   "gen_len": g, **self.request_extra(),
+                   "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)]}
         req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
         req_path.write_text(json.dumps(request))
         cmd = cmd[:-2] + [str(req_path), str(out_path)]
@@ -70,7 +80,7 @@ class WorkerEngine(OneRequestEngine):
             return worker.failed(cmd, env_rec, info, requested)
         r, res = worker.proc, worker.result
         eff, samples = res["effective"], res["samples"]
-        problem = self.mismatch(eff, p, g, len(samples), w + reps, ctx.threads)
+        problem = self.mismatch(info, eff, p, g, len(samples), w + reps, ctx.threads)
         if problem:
             return failed("failed", problem, cmd, env_rec, r.stderr, info, requested, r.peak_memory)
         settings = {
@@ -80,8 +90,9 @@ class WorkerEngine(OneRequestEngine):
             "batch": setting(b, self.read_batch(eff), self.batch_source),
             "warmups": setting(w, sum(1 for s in samples if s["warmup"]), "warm-up requests the worker ran"),
         }
+        recipe = models.load_manifest(ctx.model)["forms"][form].get("recipe")  # a form made on demand: its recipe
         effective = {**eff, "load_s": res.get("load_s"), "timestamps": self.timestamps,
-                     "form_recipe": models.load_manifest(ctx.model)["forms"][form].get("recipe"),
+                     **({"form_recipe": recipe} if recipe is not None else {}),
                      "metric_definitions": metrics.DEFINITIONS_VERSION}
         return EngineResult(status="ok", metrics=metrics.from_timestamps(samples, p), engine=info, requested=requested,
                             effective=effective, command=cmd, env=env_rec, peak_memory=r.peak_memory,
@@ -92,7 +103,8 @@ class WorkerEngine(OneRequestEngine):
 
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
                          out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
-        cfg = {"model_path": str(self.model_file(model_path)), "threads": threads, "request_path": str(req_path)}
+        cfg = {"model_path": str(self.model_file(model_path)), "threads": threads, **self.fidelity_extra(workdir),
+               "request_path": str(req_path)}
         cfg_path = workdir / "fidelity-config.json"
         cfg_path.write_text(json.dumps(cfg))
         cmd = affinity_prefix(cpus, None) + [self.worker_python(), str(self.worker), "--fidelity", str(cfg_path),

@@ -132,7 +132,8 @@ class ExecuTorch(WorkerEngine):
                     f"{MAX_CONTEXT}, prompts up to {MAX_SEQ})")
         return None
 
-    def mismatch(self, eff: dict, prompt_len: int, gen_len: int, n: int, want: int, threads: int) -> str | None:
+    def mismatch(self, info: dict, eff: dict, prompt_len: int, gen_len: int, n: int, want: int,
+                 threads: int) -> str | None:
         return _mismatch(eff, prompt_len, gen_len, n, want, threads)
 
     def read_batch(self, eff: dict) -> int:

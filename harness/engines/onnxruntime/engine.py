@@ -109,7 +109,8 @@ class OnnxRuntimeGenAi(WorkerEngine):
         return {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **WORKER_ENV,
                 **(ctx_env or {}), "PYTHONNOUSERSITE": "1"}
 
-    def mismatch(self, eff: dict, prompt_len: int, gen_len: int, n: int, want: int, threads: int) -> str | None:
+    def mismatch(self, info: dict, eff: dict, prompt_len: int, gen_len: int, n: int, want: int,
+                 threads: int) -> str | None:
         return _mismatch(eff, prompt_len, gen_len, n, want)
 
     def read_batch(self, eff: dict) -> int:

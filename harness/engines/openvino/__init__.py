@@ -27,20 +27,18 @@ form the library loads.
 from __future__ import annotations
 
 import hashlib
-import json
 import mmap
 import os
 import re
-import sys
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from harness import metrics, models
+from harness import metrics
 from harness.engines import wheels
-from harness.engines.base import (EngineResult, OneRequestEngine, Options, RunContext, affinity_prefix, failed,
-                                  run_worker, setting)
+from harness.engines.base import Options
+from harness.engines.requestworker import WorkerEngine
 from harness.errors import UserError
 
 DIST = "openvino-genai"
@@ -124,8 +122,12 @@ def _commit(build: str) -> str:
     return m.group(1) if m else "unknown"
 
 
-class OpenVino(OneRequestEngine):
+class OpenVino(WorkerEngine):
     name = "openvino"
+    worker = WORKER
+    timestamps, threads_source, context_reason = TIMESTAMPS, THREADS_SOURCE, CONTEXT_REASON
+    batch_source = "most sequences in one generation step (perf_metrics.raw_metrics.m_batch_sizes), fewest over repetitions"
+    compile_state = "n/a (no CACHE_DIR: the model is converted and compiled in every run)"
     default_form = "gguf-q8_0"
     form_prefix = "gguf-"
     form_hint = f"openvino-genai {PIN} loads {', '.join(FORMS)}"
@@ -160,70 +162,26 @@ class OpenVino(OneRequestEngine):
                           "worker": "harness/engines/openvino/worker.py",
                           "worker_sha256": hashlib.sha256(WORKER.read_bytes()).hexdigest()}}
 
-    def run(self, ctx: RunContext, form: str) -> EngineResult:
-        p, g = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"])
-        c, b = int(ctx.params["context_len"]), int(ctx.params.get("batch", 1))
-        w, reps = ctx.spec.warmups, ctx.spec.repetitions
-        requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
-                     "context_len": c, "batch": b, "warmups": w, "repetitions": reps, **ctx.arm.options}
+    def _env(self, ctx_env: dict[str, str] | None = None) -> dict[str, str]:
         # the environment OpenVINO and its TBB threads read (passed through from the harness's own, recorded), and
         # no user site-packages: the worker imports the openvino whose libraries engine_info hashed
-        env_rec = {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **ctx.arm.env,
-                   **ctx.env, "PYTHONNOUSERSITE": "1"}
-        info = self.engine_info()
-        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [sys.executable, str(WORKER), "request.json", "result.json"]
-        if b != 1 or p + g > c:  # refused at plan; a run reached otherwise (a cell of several values) fails here
-            why = f"batch {b}: openvino runs one request at a time" if b != 1 else \
-                f"prompt_len {p} + gen_len {g} exceed context_len {c}"
-            return failed("failed", why, cmd, env_rec, "", info, requested)
-        prompts = metrics.request_prompts(ctx.model, p, b, w + reps)
-        request = {"model_path": str(models.form_path(ctx.model, form)), "threads": ctx.threads, "gen_len": g,
-                   "attention_backend": ATTENTION_BACKEND,
-                   "repetitions": [{"warmup": i < w, "prompts": ids} for i, ids in enumerate(prompts)]}
-        req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
-        req_path.write_text(json.dumps(request))
-        cmd = cmd[:-2] + [str(req_path), str(out_path)]
-        worker = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, "openvino worker",
-                            cwd=ctx.workdir, poll_s=ctx.poll_s)
-        if worker.result is None:
-            return worker.failed(cmd, env_rec, info, requested)
-        r, res = worker.proc, worker.result
-        eff, samples = res["effective"], res["samples"]
-        problem = _mismatch(info, eff, p, g, len(samples), w + reps)
-        if problem:
-            return failed("failed", problem, cmd, env_rec, r.stderr, info, requested, r.peak_memory)
-        settings = {
-            "threads": setting(ctx.threads, eff["threads"], THREADS_SOURCE),
-            "cpus": setting(ctx.cpus, eff["cpu_affinity"], "sched_getaffinity(0) inside the openvino worker"),
-            "context_len": setting(c, None, CONTEXT_REASON),
-            "batch": setting(b, min(eff["batch_sizes"]) if None not in eff["batch_sizes"] else None,
-                             "most sequences in one generation step (perf_metrics.raw_metrics.m_batch_sizes), "
-                             "fewest over repetitions"),
-            "warmups": setting(w, sum(1 for s in samples if s["warmup"]), "warm-up requests the worker ran"),
-        }
-        effective = {**eff, "load_s": res.get("load_s"), "timestamps": TIMESTAMPS,
-                     "metric_definitions": metrics.DEFINITIONS_VERSION}
-        return EngineResult(status="ok", metrics=metrics.from_timestamps(samples, p), engine=info, requested=requested,
-                            effective=effective, command=cmd, env=env_rec, peak_memory=r.peak_memory,
-                            after_load={"status": "not separable",
-                                        "reason": "the openvino worker loads and measures in one process; see after_run"},
-                            prompt_token_hash=metrics.prompts_hash(prompts),
-                            compile_cache={"key": "n/a", "state": "n/a (no CACHE_DIR: the model is converted and "
-                                                                  "compiled in every run)"},
-                            eager=None, settings=settings)
+        return {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **(ctx_env or {}),
+                "PYTHONNOUSERSITE": "1"}
 
+    def request_extra(self) -> dict[str, Any]:
+        return {"attention_backend": ATTENTION_BACKEND}
+
+    def fidelity_extra(self, workdir: Path) -> dict[str, Any]:
+        return {"attention_backend": ATTENTION_BACKEND, "ir_dir": str(workdir / "openvino-model")}
+
+    def mismatch(self, info: dict, eff: dict, prompt_len: int, gen_len: int, n: int, want: int,
+                 threads: int) -> str | None:
+        return _mismatch(info, eff, prompt_len, gen_len, n, want)
+
+    def read_batch(self, eff: dict) -> int | None:
+        return min(eff["batch_sizes"]) if None not in eff["batch_sizes"] else None
 
     # ---- fidelity -------------------------------------------------------------------------------------
-    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
-                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
-        cfg = {"model_path": str(model_path), "threads": threads, "attention_backend": ATTENTION_BACKEND,
-               "request_path": str(req_path), "ir_dir": str(workdir / "openvino-model")}
-        cfg_path = workdir / "fidelity-config.json"
-        cfg_path.write_text(json.dumps(cfg))
-        cmd = affinity_prefix(cpus, None) + [sys.executable, str(WORKER), "--fidelity", str(cfg_path), str(out_path)]
-        env = {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, "PYTHONNOUSERSITE": "1"}
-        return cmd, env
-
     def fidelity_result_block(self, eng: dict, result: dict) -> dict:
         """The engine block, once the worker is shown to have run the hashed build."""
         eff = result.get("effective") or {}
@@ -238,9 +196,6 @@ class OpenVino(OneRequestEngine):
                             f"one is in {want_dir}", "remove the other openvino from the path")
         return eng
 
-    def fidelity_execution(self) -> dict[str, Any]:
-        return {"compile_cache": {"key": "n/a", "state": "n/a (no CACHE_DIR: the model is converted and compiled in "
-                                                        "every run)"}, "eager": None}
 
 
 def _refuse_form(where: str, form: str) -> None:
