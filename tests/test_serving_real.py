@@ -36,7 +36,12 @@ timeout_s: 120
 """
 
 
-def _server_pids(exe_part: str = "llama-server") -> list[int]:
+MARK = "EDGE_TEST_SERVED"  # in the environment of the servers a test starts (its runs inherit it): only those count
+
+
+def _server_pids(mark: str, exe_part: str = "llama-server") -> list[int]:
+    """Live llama-server processes whose environment carries MARK=mark: the servers of the test that set it, leaked
+    or not, never another test's (another module on another worker may run a llama-server at the same time)."""
     out = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
@@ -44,9 +49,12 @@ def _server_pids(exe_part: str = "llama-server") -> list[int]:
         try:
             argv0 = (p / "cmdline").read_bytes().split(b"\0")[0]
             state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if os.path.basename(argv0) != exe_part.encode() or state in ("Z", "X"):
+                continue
+            environ = (p / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError):
             continue
-        if os.path.basename(argv0) == exe_part.encode() and state not in ("Z", "X"):
+        if f"{MARK}={mark}".encode() in environ:
             out.append(int(p.name))
     return out
 
@@ -62,18 +70,24 @@ def _run(tmp_path, name, load, reps=1, env=""):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    import uuid
     d = tmp_path_factory.mktemp("served")
-    before = set(_server_pids())
-    closed = _run(d, "closed", "{concurrency: 2, requests: 6}", reps=2)
-    left_closed = set(_server_pids()) - before
-    poisson = _run(d, "poisson", "{rate: 8, arrival: poisson, seed: 1, requests: 10}")
-    vbench = _run(d, "vbench", "{concurrency: 2, requests: 6}", env=", options: {client: vllm-bench}")
-    g = d / "sweep.yaml"
-    g.write_text(GRID.format(name="sweep", load="{rate: sweep, points: 3, requests: 4}", reps=1, env=""))
-    execute.run(str(g), store_root=d / "store")
-    sweep = {a["grid"]["cell_params"]["rate"]: a for a in
-             (json.loads(p.read_text()) for p in Store(d / "store").iter_paths("sweep"))}
-    return closed, poisson, left_closed, set(_server_pids()) - before, vbench, sweep, d / "store" / "sweep"
+    mark = os.environ[MARK] = uuid.uuid4().hex
+    try:
+        before = set(_server_pids(mark))
+        closed = _run(d, "closed", "{concurrency: 2, requests: 6}", reps=2)
+        left_closed = set(_server_pids(mark)) - before
+        poisson = _run(d, "poisson", "{rate: 8, arrival: poisson, seed: 1, requests: 10}")
+        vbench = _run(d, "vbench", "{concurrency: 2, requests: 6}", env=", options: {client: vllm-bench}")
+        g = d / "sweep.yaml"
+        g.write_text(GRID.format(name="sweep", load="{rate: sweep, points: 3, requests: 4}", reps=1, env=""))
+        execute.run(str(g), store_root=d / "store")
+        sweep = {a["grid"]["cell_params"]["rate"]: a for a in
+                 (json.loads(p.read_text()) for p in Store(d / "store").iter_paths("sweep"))}
+        left = set(_server_pids(mark)) - before
+    finally:
+        os.environ.pop(MARK, None)
+    return closed, poisson, left_closed, left, vbench, sweep, d / "store" / "sweep"
 
 
 def test_a_closed_loop_at_concurrency_2_reads_back_and_passes_check(served):
@@ -220,23 +234,25 @@ def test_a_server_that_does_not_start_is_a_failed_artifact_with_its_log(tmp_path
 def test_kill_9_of_the_runner_kills_its_server(tmp_path):
     g = tmp_path / "long.yaml"
     g.write_text(GRID.format(name="long", load="{concurrency: 1, requests: 2000}", reps=1, env=""))
-    before = set(_server_pids())
+    import uuid
+    mark = uuid.uuid4().hex
+    before = set(_server_pids(mark))
     runner = subprocess.Popen([str(Path(sys.executable).parent / "harness"), "run", str(g), "--store", str(tmp_path / "st")],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, MARK: mark})
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not set(_server_pids()) - before:
+        while time.time() < deadline and not set(_server_pids(mark)) - before:
             time.sleep(0.2)  # waiting for another process to start (no event to wait on): bounded
-        new = set(_server_pids()) - before
+        new = set(_server_pids(mark)) - before
         assert new, "the server never started"
         os.kill(runner.pid, signal.SIGKILL)
         runner.wait(10)
         deadline = time.time() + 10
-        while time.time() < deadline and set(_server_pids()) & new:
+        while time.time() < deadline and set(_server_pids(mark)) & new:
             time.sleep(0.1)
-        assert not set(_server_pids()) & new, "llama-server outlived a kill -9 of its runner"
+        assert not set(_server_pids(mark)) & new, "llama-server outlived a kill -9 of its runner"
     finally:
-        for pid in set(_server_pids()) - before:
+        for pid in set(_server_pids(mark)) - before:
             os.kill(pid, signal.SIGKILL)
         if runner.poll() is None:
             runner.kill()
