@@ -22,6 +22,7 @@ class WorkerEngine(OneRequestEngine):
     context_reason: str  # why context_len is not a setting of its own
     batch_source: str  # where the batch read back comes from
     compile_state: str  # what the run's compile_cache block says (nothing is compiled per run)
+    prompt_counted: str  # who counted the prompt tokens the worker reads back ("the library counted")
 
     def _env(self, ctx_env: dict[str, str] | None = None) -> dict[str, str]:
         raise NotImplementedError
@@ -41,7 +42,18 @@ class WorkerEngine(OneRequestEngine):
 
     def mismatch(self, info: dict, eff: dict, prompt_len: int, gen_len: int, n: int, want: int,
                  threads: int) -> str | None:
-        """What the worker read back that contradicts the request or the hashed build (`info`), if anything."""
+        """What the worker read back that contradicts the request or the hashed build (`info`), if anything: the
+        request and token counts here, the engine's own read-back in `build_mismatch`."""
+        if n != want:
+            return f"the worker ran {n} requests, {want} were asked"
+        if any(t != prompt_len for t in eff["prompt_tokens"]):
+            return f"{self.prompt_counted} {eff['prompt_tokens']} prompt tokens, prompt_len is {prompt_len}"
+        if any(t != gen_len for t in eff["output_tokens"]):
+            return f"the requests returned {eff['output_tokens']} tokens, gen_len is {gen_len}"
+        return self.build_mismatch(info, eff, threads)
+
+    def build_mismatch(self, info: dict, eff: dict, threads: int) -> str | None:
+        """What of the engine's own read-back (its libraries, threads, program) contradicts the hashed build."""
         raise NotImplementedError
 
     def request_extra(self) -> dict[str, Any]:

@@ -73,6 +73,7 @@ class ExecuTorch(WorkerEngine):
     timestamps, threads_source, context_reason = TIMESTAMPS, THREADS_SOURCE, CONTEXT_REASON
     batch_source = "the batch dimension of the logits the program returned (its first calls)"
     compile_state = "n/a (the program is compiled ahead of time: the form's model.pte)"
+    prompt_counted = "the program was fed"
     default_form = "pte-fp32"
     form_prefix = "pte-"
     form_hint = f"executorch {PIN} loads {', '.join(FORMS)} (exported from the model's hf-fp32)"
@@ -132,9 +133,15 @@ class ExecuTorch(WorkerEngine):
                     f"{MAX_CONTEXT}, prompts up to {MAX_SEQ})")
         return None
 
-    def mismatch(self, info: dict, eff: dict, prompt_len: int, gen_len: int, n: int, want: int,
-                 threads: int) -> str | None:
-        return _mismatch(eff, prompt_len, gen_len, n, want, threads)
+    def build_mismatch(self, info: dict, eff: dict, threads: int) -> str | None:
+        if eff.get("executorch_version") != PIN:
+            return f"the worker imported executorch {eff.get('executorch_version')}, the harness pins {PIN}"
+        if eff.get("pool_threads") != threads:
+            return f"the runtime's thread pool holds {eff.get('pool_threads')} threads, {threads} were asked"
+        ctx = (eff.get("program_metadata") or {}).get("get_max_context_len")
+        if ctx != MAX_CONTEXT:
+            return f"the program's context is {ctx} tokens, its form was exported with {MAX_CONTEXT}"
+        return _foreign_libraries(eff)
 
     def read_batch(self, eff: dict) -> int:
         return min(s[0] for s in eff["logits_shapes"])
@@ -162,21 +169,3 @@ def _foreign_libraries(eff: dict) -> str | None:
         return "the worker reported no ExecuTorch library loaded"
     foreign = [p for p in loaded if p not in hashed]
     return f"the worker loaded {foreign[0]}, which is not the hashed build" if foreign else None
-
-
-def _mismatch(eff: dict, prompt_len: int, gen_len: int, n: int, want: int, threads: int) -> str | None:
-    """What the worker read back that contradicts the request or the hashed build, if anything."""
-    if n != want:
-        return f"the worker ran {n} requests, {want} were asked"
-    if any(t != prompt_len for t in eff["prompt_tokens"]):
-        return f"the program was fed {eff['prompt_tokens']} prompt tokens, prompt_len is {prompt_len}"
-    if any(t != gen_len for t in eff["output_tokens"]):
-        return f"the requests returned {eff['output_tokens']} tokens, gen_len is {gen_len}"
-    if eff.get("executorch_version") != PIN:
-        return f"the worker imported executorch {eff.get('executorch_version')}, the harness pins {PIN}"
-    if eff.get("pool_threads") != threads:
-        return f"the runtime's thread pool holds {eff.get('pool_threads')} threads, {threads} were asked"
-    ctx = (eff.get("program_metadata") or {}).get("get_max_context_len")
-    if ctx != MAX_CONTEXT:
-        return f"the program's context is {ctx} tokens, its form was exported with {MAX_CONTEXT}"
-    return _foreign_libraries(eff)

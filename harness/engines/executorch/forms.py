@@ -80,6 +80,7 @@ for k, v in sd.items():
         raise SystemExit(f"unknown weight {k}")
 meta.setdefault("output.weight", meta["tok_embeddings.weight"])  # tied: the head is the embedding
 torch.save(meta, "ckpt.pth")
+del sd, meta  # the exporter loads the checkpoint again: at the 1.7B shape a second float32 copy is 6.8 GB
 heads = hf["num_attention_heads"]
 rope = hf.get("rope_parameters") or {"rope_theta": hf.get("rope_theta"), "rope_type": "default"}
 if rope.get("rope_type", "default") != "default" or hf.get("attention_bias") or hf.get("mlp_bias"):

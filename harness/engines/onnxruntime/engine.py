@@ -75,6 +75,7 @@ class OnnxRuntimeGenAi(WorkerEngine):
     timestamps, threads_source, context_reason = TIMESTAMPS, THREADS_SOURCE, CONTEXT_REASON
     batch_source = "sequences per step: the batch dimension of the model's logits output after each request's last step, fewest over repetitions"
     compile_state = "n/a (the session is created in every run; no optimized model is saved)"
+    prompt_counted = "the generator held"
     default_form = "onnx-fp32"
     form_prefix = "onnx-"
     form_hint = f"onnxruntime-genai {PIN} loads {', '.join(FORMS)} (made from the model's hf-fp32)"
@@ -109,9 +110,11 @@ class OnnxRuntimeGenAi(WorkerEngine):
         return {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **WORKER_ENV,
                 **(ctx_env or {}), "PYTHONNOUSERSITE": "1"}
 
-    def mismatch(self, info: dict, eff: dict, prompt_len: int, gen_len: int, n: int, want: int,
-                 threads: int) -> str | None:
-        return _mismatch(eff, prompt_len, gen_len, n, want)
+    def build_mismatch(self, info: dict, eff: dict, threads: int) -> str | None:
+        if eff.get("onnxruntime_genai_version") != PIN:
+            return (f"the worker imported onnxruntime-genai {eff.get('onnxruntime_genai_version')}, the harness "
+                    f"pins {PIN}")
+        return _foreign_libraries(eff)
 
     def read_batch(self, eff: dict) -> int:
         return min(eff["batch_sizes"])
@@ -143,16 +146,3 @@ def _foreign_libraries(eff: dict) -> str | None:
         return "the worker reported no ONNX Runtime library loaded"
     foreign = [p for p in loaded if p not in installed]
     return f"the worker loaded {foreign[0]}, which is not the hashed build" if foreign else None
-
-
-def _mismatch(eff: dict, prompt_len: int, gen_len: int, n: int, want: int) -> str | None:
-    """What the worker read back that contradicts the request or the hashed build, if anything."""
-    if n != want:
-        return f"the worker ran {n} requests, {want} were asked"
-    if any(t != prompt_len for t in eff["prompt_tokens"]):
-        return f"the generator held {eff['prompt_tokens']} prompt tokens, prompt_len is {prompt_len}"
-    if any(t != gen_len for t in eff["output_tokens"]):
-        return f"the requests returned {eff['output_tokens']} tokens, gen_len is {gen_len}"
-    if eff.get("onnxruntime_genai_version") != PIN:
-        return f"the worker imported onnxruntime-genai {eff.get('onnxruntime_genai_version')}, the harness pins {PIN}"
-    return _foreign_libraries(eff)

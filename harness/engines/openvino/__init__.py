@@ -128,6 +128,7 @@ class OpenVino(WorkerEngine):
     timestamps, threads_source, context_reason = TIMESTAMPS, THREADS_SOURCE, CONTEXT_REASON
     batch_source = "most sequences in one generation step (perf_metrics.raw_metrics.m_batch_sizes), fewest over repetitions"
     compile_state = "n/a (no CACHE_DIR: the model is converted and compiled in every run)"
+    prompt_counted = "the library counted"
     default_form = "gguf-q8_0"
     form_prefix = "gguf-"
     form_hint = f"openvino-genai {PIN} loads {', '.join(FORMS)}"
@@ -174,9 +175,17 @@ class OpenVino(WorkerEngine):
     def fidelity_extra(self, workdir: Path) -> dict[str, Any]:
         return {"attention_backend": ATTENTION_BACKEND, "ir_dir": str(workdir / "openvino-model")}
 
-    def mismatch(self, info: dict, eff: dict, prompt_len: int, gen_len: int, n: int, want: int,
-                 threads: int) -> str | None:
-        return _mismatch(info, eff, prompt_len, gen_len, n, want)
+    def build_mismatch(self, info: dict, eff: dict, threads: int) -> str | None:
+        want_dir = os.path.dirname(str(metadata.distribution("openvino").locate_file("openvino/__init__.py")))
+        if os.path.realpath(eff["openvino_dir"]) != os.path.realpath(want_dir):
+            return f"the worker imported openvino from {eff['openvino_dir']}, the hashed one is in {want_dir}"
+        if eff["openvino_build"] != info["build"]["openvino_build"]:
+            return (f"the worker loaded openvino {eff['openvino_build']}, the hashed library is "
+                    f"{info['build']['openvino_build']} (another openvino on the path?)")
+        if eff["openvino_genai_build"] != info["build"]["openvino_genai_build"]:
+            return (f"the worker loaded openvino-genai {eff['openvino_genai_build']}, the hashed library is "
+                    f"{info['build']['openvino_genai_build']}")
+        return None
 
     def read_batch(self, eff: dict) -> int | None:
         return min(eff["batch_sizes"]) if None not in eff["batch_sizes"] else None
@@ -202,23 +211,3 @@ def _refuse_form(where: str, form: str) -> None:
     if form not in FORMS:
         raise UserError(where, f"openvino cannot load form {form!r}: it accepts {', '.join(FORMS)} (openvino-genai "
                                f"{PIN} refuses GGUF f32 and bf16)", f"use one of {', '.join(FORMS)}")
-
-
-def _mismatch(info: dict, eff: dict, prompt_len: int, gen_len: int, n: int, want: int) -> str | None:
-    """What the worker read back that contradicts the request or the hashed build, if anything."""
-    if n != want:
-        return f"the worker ran {n} requests, {want} were asked"
-    if any(t != prompt_len for t in eff["prompt_tokens"]):
-        return f"the library counted {eff['prompt_tokens']} prompt tokens, prompt_len is {prompt_len}"
-    if any(t != gen_len for t in eff["output_tokens"]):
-        return f"the requests returned {eff['output_tokens']} tokens, gen_len is {gen_len}"
-    want_dir = os.path.dirname(str(metadata.distribution("openvino").locate_file("openvino/__init__.py")))
-    if os.path.realpath(eff["openvino_dir"]) != os.path.realpath(want_dir):
-        return f"the worker imported openvino from {eff['openvino_dir']}, the hashed one is in {want_dir}"
-    if eff["openvino_build"] != info["build"]["openvino_build"]:
-        return (f"the worker loaded openvino {eff['openvino_build']}, the hashed library is "
-                f"{info['build']['openvino_build']} (another openvino on the path?)")
-    if eff["openvino_genai_build"] != info["build"]["openvino_genai_build"]:
-        return (f"the worker loaded openvino-genai {eff['openvino_genai_build']}, the hashed library is "
-                f"{info['build']['openvino_genai_build']}")
-    return None
