@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -
 TORCH_INDEX ?=
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: setup venv llama.cpp models browser demo test test-fast bench planted calibrate fidelity ceiling coverage footprint clean-venv
+.PHONY: setup venv ccache llama.cpp models browser demo test test-fast bench planted calibrate fidelity ceiling coverage footprint clean-venv
 
 setup: venv llama.cpp models browser
 
@@ -43,7 +43,14 @@ $(STAMP): pyproject.toml | $(PY)
 
 venv: $(STAMP)
 
-llama.cpp: venv
+# ccache (Debian's package), installed where apt-get can: the native, server and ISA-variant llama.cpp builds then
+# compile their shared sources (libllama, common) once, not once per build; without it each compiles everything.
+ccache:
+	@command -v ccache > /dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null && \
+	  apt-get install -y --no-install-recommends ccache > /dev/null 2>&1; } || \
+	  echo "[setup] ccache is not installed: each llama.cpp build compiles every source (fix: apt-get install ccache)"
+
+llama.cpp: venv ccache
 	@$(HARNESS) build $(if $(REBUILD),--rebuild,) > /dev/null
 
 # .models/ (ignored): the wheel's own Q4_1 GGUF under a fixed path, a link into the zoo's cache, for the

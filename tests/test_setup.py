@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import subprocess
 
 import pytest
 
@@ -18,6 +19,24 @@ def test_llamacpp_manifest():
     assert m["compiler"] and m["compiler"] != "unknown"
     for name in ("llama-bench", "llama-completion", "llama-quantize", "llama-perplexity"):
         assert len(m["binaries"][name]["sha256"]) == 64
+
+
+def test_builds_share_one_compiler_cache():
+    """Where ccache is installed (make installs it), the builds record it and the later builds of the same sdist
+    (server, ISA variants) took objects from the native build's compile instead of compiling them again."""
+    exe = shutil.which("ccache")
+    if exe is None:
+        pytest.skip("ccache is not installed (fix: apt-get install ccache): each build compiles every source")
+    m = llamacpp_build.load_manifest()
+    if "compiler_launcher" not in m:
+        pytest.skip("this machine's native build predates the compiler cache (fix: make llama.cpp REBUILD=1)")
+    assert m["compiler_launcher"].startswith("ccache")
+    with llamacpp_build.server():
+        assert llamacpp_build.load_manifest()["compiler_launcher"] == m["compiler_launcher"]
+    env = llamacpp_build.compiler_cache(llamacpp_build.build_dir())[1]
+    stats = subprocess.run([exe, "--print-stats"], env=env, capture_output=True, text=True, check=True).stdout
+    counts = dict(line.split("\t")[:2] for line in stats.splitlines() if "\t" in line)
+    assert int(counts["direct_cache_hit"]) + int(counts["preprocessed_cache_hit"]) > 0, stats
 
 
 def test_build_key_depends_on_flags(monkeypatch):

@@ -469,11 +469,13 @@ def build(rebuild: bool = False) -> dict:
         bdir = stage / "build"
         flags = list(cmake_flags()) + [f"-DLLAMA_BUILD_COMMIT={commit}", "-DLLAMA_BUILD_NUMBER=0"]
         targets = SERVER_TARGETS if _SERVER.get() else TARGETS if _VARIANT.get() is None else VARIANT_TARGETS
+        launch, env, launcher = compiler_cache(stage)
         print(f"[llama.cpp] configuring {commit} in {stage}", file=sys.stderr)
-        _logged([cmake, "-S", str(src), "-B", str(bdir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags], log)
+        _logged([cmake, "-S", str(src), "-B", str(bdir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags,
+                 *launch], log, env)
         print(f"[llama.cpp] building {', '.join(targets)} (a cold build takes ~6-13 min on 2 cores; log {log})",
               file=sys.stderr)
-        _logged([cmake, "--build", str(bdir), "--target", *targets, "-j", str(os.cpu_count() or 1)], log)
+        _logged([cmake, "--build", str(bdir), "--target", *targets, "-j", str(os.cpu_count() or 1)], log, env)
         bins = stage / "bin"
         bins.mkdir()
         final_bins = out / "bin"
@@ -501,6 +503,7 @@ def build(rebuild: bool = False) -> dict:
             "cmake": _first_line([cmake, "--version"]),
             "compiler": _first_line([cache.get("CMAKE_CXX_COMPILER", cxx), "--version"]),
             "compiler_path": cache.get("CMAKE_CXX_COMPILER", cxx),
+            "compiler_launcher": launcher,
             "native": _VARIANT.get() is None,
             "native_isa": native_isa() if _VARIANT.get() is None else None,
             "isa_variant": _VARIANT.get(),
@@ -540,11 +543,27 @@ def _log_tail(log: Path) -> str:
     return " | ".join(lines[errs[0]:errs[0] + 2] if errs else lines[-3:])
 
 
-def _logged(cmd: list[str], log: Path) -> None:
+def compiler_cache(stage: Path) -> tuple[list[str], dict | None, str | None]:
+    """ccache where it is installed (`make` installs it where apt-get can): the cmake arguments, the environment
+    and ccache's version line for the manifest; nothing where it is not (EDGE_HARNESS_CCACHE=0 turns it off).
+    The native, server and ISA-variant builds of one sdist compile libllama and common with the same commands:
+    with ccache each of those objects is compiled once per machine, not once per build. Paths under the stage
+    are rewritten relative to it (CCACHE_BASEDIR), so that builds in different stage folders share; the cache
+    folder is keyed by this CPU's ISA, as -march=native objects must be."""
+    exe = shutil.which("ccache")
+    if exe is None or os.environ.get("EDGE_HARNESS_CCACHE", "1") == "0":
+        return [], None, None
+    env = {**os.environ, "CCACHE_DIR": str(cache_root() / "ccache" / native_isa()), "CCACHE_BASEDIR": str(stage),
+           "CCACHE_NOHASHDIR": "1", "CCACHE_MAXSIZE": "4G"}
+    return ([f"-DCMAKE_C_COMPILER_LAUNCHER={exe}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={exe}"], env,
+            _first_line([exe, "--version"]))
+
+
+def _logged(cmd: list[str], log: Path, env: dict | None = None) -> None:
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
 def _extract_sdist(sdist: Path, stage: Path) -> tuple[str, str, Path]:
