@@ -1,6 +1,7 @@
 """The pinned llama.cpp build and the model zoo: manifests, hashes, corruption handling."""
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -33,7 +34,7 @@ def test_builds_share_one_compiler_cache():
     assert m["compiler_launcher"].startswith("ccache")
     with llamacpp_build.server():
         assert llamacpp_build.load_manifest()["compiler_launcher"] == m["compiler_launcher"]
-    env = llamacpp_build.compiler_cache(llamacpp_build.build_dir())[1]
+    env = {**os.environ, "CCACHE_DIR": str(llamacpp_build.ccache_dir())}
     stats = subprocess.run([exe, "--print-stats"], env=env, capture_output=True, text=True, check=True).stdout
     counts = dict(line.split("\t")[:2] for line in stats.splitlines() if "\t" in line)
     assert int(counts["direct_cache_hit"]) + int(counts["preprocessed_cache_hit"]) > 0, stats

@@ -543,17 +543,22 @@ def _log_tail(log: Path) -> str:
     return " | ".join(lines[errs[0]:errs[0] + 2] if errs else lines[-3:])
 
 
+def ccache_dir() -> Path:
+    """The compiler cache of this machine's builds, keyed by this CPU's ISA (-march=native objects are only
+    valid on it)."""
+    return cache_root() / "ccache" / native_isa()
+
+
 def compiler_cache(stage: Path) -> tuple[list[str], dict | None, str | None]:
     """ccache where it is installed (`make` installs it where apt-get can): the cmake arguments, the environment
     and ccache's version line for the manifest; nothing where it is not (EDGE_HARNESS_CCACHE=0 turns it off).
     The native, server and ISA-variant builds of one sdist compile libllama and common with the same commands:
     with ccache each of those objects is compiled once per machine, not once per build. Paths under the stage
-    are rewritten relative to it (CCACHE_BASEDIR), so that builds in different stage folders share; the cache
-    folder is keyed by this CPU's ISA, as -march=native objects must be."""
+    are rewritten relative to it (CCACHE_BASEDIR), so that builds in different stage folders share."""
     exe = shutil.which("ccache")
     if exe is None or os.environ.get("EDGE_HARNESS_CCACHE", "1") == "0":
         return [], None, None
-    env = {**os.environ, "CCACHE_DIR": str(cache_root() / "ccache" / native_isa()), "CCACHE_BASEDIR": str(stage),
+    env = {**os.environ, "CCACHE_DIR": str(ccache_dir()), "CCACHE_BASEDIR": str(stage),
            "CCACHE_NOHASHDIR": "1", "CCACHE_MAXSIZE": "4G"}
     return ([f"-DCMAKE_C_COMPILER_LAUNCHER={exe}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={exe}"], env,
             _first_line([exe, "--version"]))
