@@ -131,3 +131,24 @@ def test_corrupted_build_is_reported(monkeypatch, tmp_path):
         llamacpp_build.build()
     assert str(victim) in str(e.value) and "REBUILD=1" in str(e.value)
     assert src.exists()
+
+
+def test_compiler_cache_launcher_only_where_ccache_is(monkeypatch, tmp_path):
+    """The builds go through ccache when it is on PATH (its cache under the harness cache, paths relative to the
+    stage), record its version, and build without it when it is absent or turned off."""
+    fake = tmp_path / "bin" / "ccache"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'ccache version 9.9'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(fake.parent))
+    args, env, launcher = llamacpp_build.compiler_cache(tmp_path / "stage")
+    assert args == [f"-DCMAKE_C_COMPILER_LAUNCHER={fake}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={fake}"]
+    assert launcher == "ccache version 9.9"
+    assert env["CCACHE_BASEDIR"] == str(tmp_path / "stage")
+    assert env["CCACHE_DIR"] == str(llamacpp_build.ccache_dir()) and env["CCACHE_DIR"].startswith(str(tmp_path / "cache"))
+    monkeypatch.setenv("EDGE_HARNESS_CCACHE", "0")
+    assert llamacpp_build.compiler_cache(tmp_path / "stage") == ([], None, None)
+    monkeypatch.delenv("EDGE_HARNESS_CCACHE")
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert llamacpp_build.compiler_cache(tmp_path / "stage") == ([], None, None)
