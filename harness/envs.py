@@ -37,7 +37,7 @@ def ensure(name: str, pins: tuple[str, ...], what: str) -> tuple[Path, str]:
             log = d.parent / f"{d.name}.log"
             with open(log, "w") as out:
                 steps = [[sys.executable, "-m", "venv", str(d)],
-                         [str(py), "-m", "pip", "install", "--no-input", *pins]]
+                         [str(py), "-m", "pip", "install", "--no-input", "--no-compile", *pins]]
                 for cmd in steps:
                     if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                         shutil.rmtree(d, ignore_errors=True)

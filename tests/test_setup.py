@@ -62,6 +62,56 @@ def test_corrupted_sdist_is_reported(monkeypatch, tmp_path):
         llamacpp_build.ensure_sdist()
 
 
+def test_sdist_comes_straight_from_the_index_and_pip_only_where_it_cannot(monkeypatch, tmp_path):
+    """The sdist's link is read from the index's JSON simple page and the file downloaded as it is (pip download
+    would build the sdist's metadata first, ~45 s); an index without that page leaves it to pip."""
+    import hashlib
+    import http.server
+    import threading
+    body = b"an sdist's bytes"
+    pages = {f"/simple/{llamacpp_build.SDIST_NAME}/": json.dumps({"files": [
+        {"filename": "other-1.0.tar.gz", "url": "../../files/other.tar.gz"},
+        {"filename": llamacpp_build.SDIST_FILE, "url": "../../files/sdist.tar.gz"}]}).encode(),
+        "/files/sdist.tar.gz": body}
+    asked = []
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append((self.path, self.headers.get("Accept")))
+            data = pages.get(self.path)
+            self.send_response(200 if data else 404)
+            self.end_headers()
+            self.wfile.write(data or b"")
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    pips = []
+    real_run = subprocess.run
+
+    def run(cmd, *a, **kw):
+        if cmd[1:4] == ["-m", "pip", "download"]:
+            pips.append(cmd)
+            return subprocess.CompletedProcess(cmd, 1, "", "ERROR: no network here")
+        return real_run(cmd, *a, **kw)
+    monkeypatch.setattr(llamacpp_build.subprocess, "run", run)
+    monkeypatch.setattr(llamacpp_build, "SDIST_SHA256", hashlib.sha256(body).hexdigest())
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path))
+    try:
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{srv.server_port}/simple/")
+        got = llamacpp_build.ensure_sdist()
+        assert got.read_bytes() == body and pips == []
+        assert asked[0] == (f"/simple/{llamacpp_build.SDIST_NAME}/", "application/vnd.pypi.simple.v1+json")
+        got.unlink()
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{srv.server_port}/elsewhere")  # no such page
+        with pytest.raises(UserError, match="no network here"):
+            llamacpp_build.ensure_sdist()
+        assert len(pips) == 1 and not got.exists() and list((tmp_path / "dl").iterdir()) == []
+    finally:
+        srv.shutdown()
+
+
 @pytest.mark.parametrize("name", ["smollm2-135m", "tiny-llama"])
 def test_zoo_manifest_matches_files(name):
     assert models.verify(name) == []

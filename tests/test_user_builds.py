@@ -270,3 +270,6 @@ def test_the_native_build_leaves_ggml_amx_out_on_an_amx_cpu_only():
     assert set(here) <= set(llamacpp_build.cmake_flags())
     with llamacpp_build.server():
         assert set(here) <= set(llamacpp_build.cmake_flags())
+    for tier in llamacpp_build.ISA_VARIANTS:  # the variants' libllama/common compile as the native build's do
+        with llamacpp_build.variant(tier):
+            assert set(here) <= set(llamacpp_build.cmake_flags())

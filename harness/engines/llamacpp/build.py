@@ -24,6 +24,8 @@ import sys
 import tarfile
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -267,7 +269,9 @@ def cmake_flags() -> tuple[str, ...]:
             + amx_off()
     if v is None:
         return CMAKE_FLAGS + amx_off() + extra
-    return tuple(f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON") + ISA_VARIANTS[v][0] + extra
+    # amx_off() here too: the variants then compile libllama and common with the native build's very commands, and
+    # share those objects through the compiler cache (an ISA-capped ggml leaves AMX out anyway)
+    return tuple(f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON") + amx_off() + ISA_VARIANTS[v][0] + extra
 
 
 def tool_march() -> tuple[str, ...]:
@@ -343,14 +347,15 @@ def ensure_sdist() -> Path:
         )
     print(f"[llama.cpp] downloading {SDIST_NAME}=={SDIST_VERSION} sdist", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=dl) as tmp:
-        # pip prepares the sdist's metadata in an isolated build env (scikit-build-core): ~45 s, once
+        got = _fetch_from_index(Path(tmp))
+        # else pip: it prepares the sdist's metadata in an isolated build env (scikit-build-core) first, ~45 s
         r = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
              f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp],
             capture_output=True, text=True,
-        )
+        ) if got is None else None
         got = Path(tmp) / SDIST_FILE
-        if r.returncode != 0 and not got.exists():
+        if r is not None and r.returncode != 0 and not got.exists():
             last = (r.stderr.strip().splitlines() or ["no output"])[-1]
             raise UserError(
                 f"pip download {SDIST_NAME}=={SDIST_VERSION}",
@@ -362,6 +367,30 @@ def ensure_sdist() -> Path:
             raise UserError(str(got), f"downloaded sdist sha256 {digest[:12]}... is not the pinned one", "retry `make`")
         os.replace(got, path)
     return path
+
+
+def index_url() -> str:
+    """The package index pip uses here (PIP_INDEX_URL, else PyPI's)."""
+    return (os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
+
+
+def _fetch_from_index(tmp: Path) -> Path | None:
+    """The pinned sdist as a plain download, its link read from the index's simple API (PEP 691 JSON); the caller
+    checks its sha256. None where the index does not answer so (pip then fetches it)."""
+    page_url = f"{index_url()}/{SDIST_NAME}/"
+    try:
+        req = urllib.request.Request(page_url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            page = json.load(r)
+        link = next(urllib.parse.urljoin(page_url, f["url"]) for f in page["files"] if f["filename"] == SDIST_FILE)
+        got = tmp / SDIST_FILE
+        with urllib.request.urlopen(link, timeout=180) as r, open(got, "wb") as out:
+            shutil.copyfileobj(r, out)
+        return got
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        for f in tmp.iterdir():
+            f.unlink()
+        return None
 
 
 def _require_tool(name: str, fix: str) -> str:
