@@ -34,8 +34,10 @@ def make_store(root: Path, n: int, source: Path) -> Path:
     no re-validation): the copies differ from a validated artifact only in their grid's name, pass index and
     run key, and `harness check` over the store (the bench's `problems`) verifies every id."""
     srcs = sorted(source.rglob("*.json"))
-    # run artifacts only: a fidelity or calibration artifact has no pass to vary
-    docs = [d for d in (load_path(p).model_dump(mode="json") for p in srcs) if d["kind"] == "run"]
+    # run artifacts only: a fidelity or calibration artifact has no pass to vary; and none of a rate sweep's points,
+    # which name their probes by id (a copy's re-stamped probes would leave them naming nothing: check says so)
+    docs = [d for d in (load_path(p).model_dump(mode="json") for p in srcs)
+            if d["kind"] == "run" and "sweep" not in ((d.get("workload") or {}).get("load") or {})]
     if not docs:
         raise SystemExit(f"{source}: no run artifacts to copy; run `make demo` first")
     (root / "bench").mkdir(parents=True)

@@ -502,7 +502,7 @@ def build(rebuild: bool = False) -> dict:
         print(f"[llama.cpp] configuring {commit} in {stage}", file=sys.stderr)
         _logged([cmake, "-S", str(src), "-B", str(bdir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags,
                  *launch], log, env)
-        print(f"[llama.cpp] building {', '.join(targets)} (a cold build takes ~6-13 min on 2 cores; log {log})",
+        print(f"[llama.cpp] building {', '.join(targets)} (minutes cold on 2 cores; log {log})",
               file=sys.stderr)
         _logged([cmake, "--build", str(bdir), "--target", *targets, "-j", str(os.cpu_count() or 1)], log, env)
         bins = stage / "bin"
