@@ -1,6 +1,6 @@
 # edge-harness: `make demo` and `make test` set everything up, idempotently.
 # Heavy caches live outside the checkout (EDGE_HARNESS_CACHE, default ~/.cache/edge-harness):
-# the pip cache, the llama.cpp build (keyed by sdist sha256 + flags), the model zoo.
+# the pip cache, the llama.cpp build (keyed by sdist sha256 + flags), the engines' own environments, the model zoo.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -52,8 +52,14 @@ ccache:
 	  apt-get install -y --no-install-recommends ccache > /dev/null 2>&1; } || \
 	  echo "[setup] ccache is not installed: each llama.cpp build compiles every source (fix: apt-get install ccache)"
 
+# The environments of their own (ExecuTorch's, the quantizer's: pins that clash with vLLM's) are made beside the
+# llama.cpp compiles: mostly downloads and unpacking while the compiler holds the CPUs (minutes cold, cached after).
 llama.cpp: venv ccache
-	@$(HARNESS) build $(if $(REBUILD),--rebuild,) > /dev/null
+	@$(HARNESS) build --environments > $(VENV)/environments.log 2>&1 & envs=$$!; \
+	  $(HARNESS) build --engine llama.cpp --engine llama-server $(if $(REBUILD),--rebuild,) > /dev/null; rc=$$?; \
+	  wait $$envs || { echo "error: making the engines' own environments failed: $$(grep -m1 -E 'error|Error' \
+	    $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; [ $$rc = 0 ] || exit $$rc
+	@$(HARNESS) build > /dev/null
 
 # .models/ (ignored): the wheel's own Q4_1 GGUF under a fixed path, a link into the zoo's cache, for the
 # grids that give a model by path (grids/own-model.yaml) as a user gives theirs.

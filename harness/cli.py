@@ -103,6 +103,10 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from harness.engines import ENGINES, get_engine
+    if args.environments:
+        from harness import envs
+        print(json.dumps(envs.ensure_all(), indent=2))
+        return 0
     out = {}
     for name in args.engines or ENGINES:  # each engine provisions what it runs (cached; a variant where asked)
         m = get_engine(name).provision(args.isa, rebuild=args.rebuild)
@@ -326,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "tools (cached outside the checkout), vLLM's runtime plugin checked")
     sb.add_argument("--engine", dest="engines", action="append", default=None, help="only this engine (repeatable)")
     sb.add_argument("--rebuild", action="store_true")
+    sb.add_argument("--environments", action="store_true", help="only make the environments of their own (ExecuTorch's, "
+                    "the quantizer's: pins that clash with vLLM's), cached outside the checkout")
     sb.add_argument("--isa", default=None, help="build the variant capped at this x86 ISA tier (baseline, avx2, avx512, "
                     "avx512-bf16) for hardware emulation; the runner builds it on first use otherwise")
     sb.set_defaults(func=cmd_build)

@@ -14,32 +14,41 @@ import sys
 import traceback
 from typing import Any, Callable
 
-# a thread counts as running the model when it used at least this share of the busiest thread's CPU time
+# a thread counts as running the model when its time on a CPU and waiting for one (runnable, not sleeping) is at least
+# this share of the busiest thread's: a pool thread that a loaded machine kept off the CPUs still had the model's work
 BUSY_SHARE = 0.10
+RUNNING_THREADS = ("threads of the worker process whose time on a CPU or runnable waiting for one was at least 10% of "
+                   "the busiest one's (/proc/self/task/*/schedstat) over the measured requests")
 
 
-def thread_cpu_ns() -> dict[int, int]:
-    """CPU time (ns, /proc/self/task/*/schedstat) of each thread of this process."""
+def thread_cpu_ns() -> dict[int, tuple[int, int]]:
+    """Each thread of this process: its time on a CPU and its time runnable, waiting for one (ns; the first two
+    fields of /proc/self/task/*/schedstat). A thread asleep, waiting for work, accrues neither."""
     out = {}
     for t in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{t}/schedstat") as f:
-                out[int(t)] = int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
+                run, wait = f.read().split()[:2]
+            out[int(t)] = (int(run), int(wait))
+        except (OSError, ValueError):
             pass
     return out
 
 
-def add_busy(busy_ns: dict[int, int], before: dict[int, int], after: dict[int, int]) -> None:
-    """Add each thread's CPU time between two thread_cpu_ns readings to busy_ns."""
-    for tid, ns in after.items():
-        busy_ns[tid] = busy_ns.get(tid, 0) + ns - before.get(tid, 0)
+def add_busy(busy_ns: dict[int, tuple[int, int]], before: dict[int, tuple[int, int]],
+             after: dict[int, tuple[int, int]]) -> None:
+    """Add each thread's times between two thread_cpu_ns readings to busy_ns."""
+    for tid, (run, wait) in after.items():
+        r0, w0 = before.get(tid, (0, 0))
+        r, w = busy_ns.get(tid, (0, 0))
+        busy_ns[tid] = (r + run - r0, w + wait - w0)
 
 
-def running_threads(busy_ns: dict[int, int]) -> list[int]:
-    """The CPU times (ns, busiest first) of the threads with at least BUSY_SHARE of the busiest one's."""
-    top = max(busy_ns.values(), default=0)
-    return sorted((ns for ns in busy_ns.values() if top and ns >= BUSY_SHARE * top), reverse=True)
+def running_threads(busy_ns: dict[int, tuple[int, int]]) -> list[int]:
+    """The CPU times (ns, busiest first) of the threads that had the model's work: on a CPU or waiting for one for
+    at least BUSY_SHARE of the busiest thread's time."""
+    top = max((r + w for r, w in busy_ns.values()), default=0)
+    return sorted((r for r, w in busy_ns.values() if top and r + w >= BUSY_SHARE * top), reverse=True)
 
 
 def write_result(out_path: str, compute: Callable[[], dict[str, Any]], one_line: Callable[[str], str] = str) -> int:

@@ -29,6 +29,7 @@ from harness import envs, metrics
 from harness.engines import wheels
 from harness.engines.base import Options
 from harness.engines.requestworker import WorkerEngine
+from harness.engines.workerlib import RUNNING_THREADS
 from harness.engines.executorch import forms
 from harness.engines.executorch.forms import ENV, FORMS, MAX_CONTEXT, MAX_SEQ, PIN, PINS
 from harness.errors import UserError
@@ -44,12 +45,11 @@ ENV_PREFIXES = ("ET_", "OMP_", "OPENBLAS_", "MKL_")
 # Every worker runs with these (recorded in the artifact's env): torch's own intra-op pool and numpy's OpenBLAS
 # (which the program never uses: XNNPACK runs on ExecuTorch's thread pool) kept to one thread each
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-INSTALL_FIX = "the environment is made on demand (`harness models prepare` of a pte form, or a grid that loads one)"
+INSTALL_FIX = "run `make` (or `harness build --engine executorch`); a grid that loads a pte form makes it too"
 
 TIMESTAMPS = ("time.perf_counter() in the worker after each token's argmax (the prefill's forward call for the first, "
               "one forward call per token after it), relative to the start of the request (before the prefill)")
-THREADS_SOURCE = ("threads of the worker process with at least 10% of the busiest one's CPU time "
-                  "(/proc/self/task/*/schedstat) over the measured requests; the runtime's thread pool was reset to "
+THREADS_SOURCE = (RUNNING_THREADS + "; the runtime's thread pool was reset to "
                   "the requested count (portable_lib._unsafe_reset_threadpool, read back as pool_threads)")
 CONTEXT_REASON = (f"not settable: the program's KV cache is fixed at export (get_max_context_len, "
                   f"{MAX_CONTEXT} tokens); prompt_len + gen_len is checked not to exceed context_len")
@@ -90,6 +90,11 @@ class ExecuTorch(WorkerEngine):
 
     def require(self) -> str:
         return forms.require()
+
+    def provision(self, isa_variant: str | None = None, rebuild: bool = False) -> dict[str, Any]:
+        """The engine runs in an environment of its own (its pins clash with vLLM's): made here once, cached."""
+        _, freeze_sha = forms.env_python()
+        return {"version": PIN, "environment": f"{ENV}-{envs.key(PINS)}", "freeze_sha256": freeze_sha}
 
     def validate_options(self, path: str, arm: Any, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         super().validate_options(path, arm, opts, workload)

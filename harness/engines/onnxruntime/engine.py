@@ -30,6 +30,7 @@ from harness import metrics
 from harness.engines import wheels
 from harness.engines.base import Options
 from harness.engines.requestworker import WorkerEngine
+from harness.engines.workerlib import RUNNING_THREADS
 from harness.engines.onnxruntime.forms import DIST, FORMS, INSTALL_FIX, PIN, require
 from harness.errors import UserError
 
@@ -50,8 +51,7 @@ WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1", "ORT_DISABLE_TELEMETRY": "1"}
 TIMESTAMPS = ("time.perf_counter() in the worker after each og.Generator.generate_next_token() (the token sampled, "
               "greedy) and its detokenization (TokenizerStream.decode), relative to the start of the request (before "
               "the generator is made and the prompt ids appended, which runs the prefill)")
-THREADS_SOURCE = ("threads of the worker process with at least 10% of the busiest one's CPU time "
-                  "(/proc/self/task/*/schedstat) over the measured requests; the session's intra_op_num_threads "
+THREADS_SOURCE = (RUNNING_THREADS + "; the session's intra_op_num_threads "
                   "was set to the requested count (config overlay, inter_op_num_threads 1)")
 CONTEXT_REASON = ("not settable: each og.Generator sizes its KV cache to its max_length, prompt_len + gen_len; "
                   "prompt_len + gen_len is checked not to exceed context_len")

@@ -39,6 +39,7 @@ from harness import metrics
 from harness.engines import wheels
 from harness.engines.base import Options
 from harness.engines.requestworker import WorkerEngine
+from harness.engines.workerlib import RUNNING_THREADS
 from harness.errors import UserError
 
 DIST = "openvino-genai"
@@ -64,8 +65,7 @@ TIMESTAMPS = ("time.perf_counter() in the worker's StreamerBase.write, after eac
               "greedy sampler) and detokenized (Tokenizer.decode of the token, in the callback), relative to the "
               "generate() call that submits the request; the library's own per-token times "
               "(perf_metrics.raw_metrics, stamped before the streamer) are kept beside them in library_times")
-THREADS_SOURCE = ("threads of the worker process with at least 10% of the busiest one's CPU time "
-                  "(/proc/self/task/*/schedstat) over the measured requests: LLMPipeline does not expose its "
+THREADS_SOURCE = (RUNNING_THREADS + ": LLMPipeline does not expose its "
                   "compiled model, whose INFERENCE_NUM_THREADS the worker set")
 CONTEXT_REASON = ("not settable: OpenVINO GenAI's paged KV cache is allocated by the library as the request grows "
                   "(no context size is passed); prompt_len + gen_len is checked not to exceed context_len")
