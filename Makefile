@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -
 TORCH_INDEX ?=
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: setup venv ccache llama.cpp models browser demo test test-fast bench planted calibrate fidelity ceiling coverage footprint clean-venv
+.PHONY: setup venv ccache llama.cpp models zoo browser demo test test-fast bench planted calibrate fidelity ceiling coverage footprint clean-venv
 
 setup: venv llama.cpp models browser
 
@@ -61,9 +61,12 @@ llama.cpp: venv ccache
 	    $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; [ $$rc = 0 ] || exit $$rc
 	@$(HARNESS) build > /dev/null
 
+models: venv llama.cpp zoo
+
+# The zoo's recipe alone (its callers have made venv and llama.cpp): `make test` runs it beside the ISA variants.
 # .models/ (ignored): the wheel's own Q4_1 GGUF under a fixed path, a link into the zoo's cache, for the
 # grids that give a model by path (grids/own-model.yaml) as a user gives theirs.
-models: venv llama.cpp
+zoo:
 	@$(HARNESS) models prepare
 	@mkdir -p .models && ln -sfn "$$($(HARNESS) models path smollm2-135m gguf-q4_1)" .models/SmolLM2-135M-Instruct.Q4_1.gguf
 
@@ -90,10 +93,13 @@ demo: setup
 # others.
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
 # The ISA-capped llama.cpp builds the hardware-emulation tests run (minutes cold, cached after) are made first:
-# inside a test's run they were built under the measuring lock while the other worker's engine tests waited.
-test: setup
-	@$(HARNESS) build --engine llama.cpp --isa baseline > /dev/null
-	@if grep -qw avx512f /proc/cpuinfo; then $(HARNESS) build --engine llama.cpp --isa avx2 > /dev/null; fi
+# inside a test's run they were built under the measuring lock while the other worker's engine tests waited. They
+# compile beside the model zoo's preparation, which leaves one of two CPUs mostly idle (its steps are one process
+# at a time, most of them single-threaded Python).
+test: venv llama.cpp browser
+	@{ $(HARNESS) build --engine llama.cpp --isa baseline > /dev/null && { ! grep -qw avx512f /proc/cpuinfo || \
+	    $(HARNESS) build --engine llama.cpp --isa avx2 > /dev/null; }; } & variants=$$!; \
+	  $(MAKE) --no-print-directory zoo; rc=$$?; wait $$variants || exit 2; exit $$rc
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 bench: venv

@@ -16,20 +16,19 @@ from harness.errors import UserError
 from harness.paths import cache_root
 
 
-# Every environment of its own the project makes, by name ("module:function" returning its python and freeze
-# sha256): `harness build --environments` (so `make`) makes them all, beside the llama.cpp builds
-ENVIRONMENTS = {"executorch": "harness.engines.executorch.forms:env_python",
-                "llm-compressor": "harness.quantizers:ensure_env"}
+# Every environment of its own the project makes ("module:function" returning its python and freeze sha256):
+# `harness build --environments` (so `make`) makes them all, beside the llama.cpp builds
+ENVIRONMENTS = ("harness.engines.executorch.forms:env_python", "harness.quantizers:ensure_env")
 
 
 def ensure_all() -> dict[str, dict[str, str]]:
-    """Make (or find made) every environment of ENVIRONMENTS: each one's python and `pip freeze` sha256."""
+    """Make (or find made) every environment of ENVIRONMENTS: by folder name, its python and `pip freeze` sha256."""
     import importlib
     out = {}
-    for name, target in ENVIRONMENTS.items():
+    for target in ENVIRONMENTS:
         mod, fn = target.split(":")
         py, sha = getattr(importlib.import_module(mod), fn)()
-        out[name] = {"python": str(py), "freeze_sha256": sha}
+        out[Path(py).parent.parent.name] = {"python": str(py), "freeze_sha256": sha}
     return out
 
 

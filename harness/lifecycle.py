@@ -459,12 +459,17 @@ def new_root(kind: str = "run") -> Path:
 MACHINE_LOCK = "edge-harness-measuring.lock"
 
 
+def machine_lock() -> Path:
+    """The file every runner on this machine locks while it measures (in the machine's temp dir)."""
+    return Path(tempfile.gettempdir()) / MACHINE_LOCK
+
+
 @contextlib.contextmanager
 def measuring(out=None, what: str = "a run") -> Iterator[None]:
     """One measurement per machine at a time, across every runner on it (local `harness run`s, fleet agents of
     any Ray node on this machine): an exclusive lock on a file in the machine's temp dir, waited for."""
     import fcntl
-    path = Path(tempfile.gettempdir()) / MACHINE_LOCK
+    path = machine_lock()
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError:  # another user's lock file: that user's runs are theirs to keep apart

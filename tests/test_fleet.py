@@ -316,8 +316,11 @@ def test_across_hosts_sets_each_hosts_ratio_side_by_side():
     assert across_hosts([sec("h1", 0.5)]) == []  # one host: nothing across hosts
 
 
-def test_one_measurement_per_machine_lock_waits_and_says_so():
+def test_one_measurement_per_machine_lock_waits_and_says_so(tmp_path, monkeypatch):
+    """The lock's logic on a lock file of the test's own: on the machine's, the suite's other workers measure too,
+    and one of their runs could take the lock between its release here and the waiting second runner."""
     import io
+    monkeypatch.setattr(lifecycle, "machine_lock", lambda: tmp_path / "measuring.lock")
     held, release, done = threading.Event(), threading.Event(), threading.Event()
 
     def holder():
