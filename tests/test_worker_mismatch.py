@@ -45,9 +45,9 @@ def asleep():
 ts = [threading.Thread(target=work, args=(0,)), threading.Thread(target=work, args=(1,)),
       threading.Thread(target=asleep)]
 [t.start() for t in ts]
-before = workerlib.thread_cpu_ns()
+before = workerlib.thread_times_ns()
 stop.wait(1.0)
-after = workerlib.thread_cpu_ns()
+after = workerlib.thread_times_ns()
 stop.set()
 [t.join() for t in ts]
 busy = {}

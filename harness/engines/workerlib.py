@@ -21,7 +21,7 @@ RUNNING_THREADS = ("threads of the worker process whose time on a CPU or runnabl
                    "the busiest one's (/proc/self/task/*/schedstat) over the measured requests")
 
 
-def thread_cpu_ns() -> dict[int, tuple[int, int]]:
+def thread_times_ns() -> dict[int, tuple[int, int]]:
     """Each thread of this process: its time on a CPU and its time runnable, waiting for one (ns; the first two
     fields of /proc/self/task/*/schedstat). A thread asleep, waiting for work, accrues neither."""
     out = {}
@@ -37,7 +37,7 @@ def thread_cpu_ns() -> dict[int, tuple[int, int]]:
 
 def add_busy(busy_ns: dict[int, tuple[int, int]], before: dict[int, tuple[int, int]],
              after: dict[int, tuple[int, int]]) -> None:
-    """Add each thread's times between two thread_cpu_ns readings to busy_ns."""
+    """Add each thread's times between two thread_times_ns readings to busy_ns."""
     for tid, (run, wait) in after.items():
         r0, w0 = before.get(tid, (0, 0))
         r, w = busy_ns.get(tid, (0, 0))

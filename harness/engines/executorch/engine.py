@@ -93,8 +93,8 @@ class ExecuTorch(WorkerEngine):
 
     def provision(self, isa_variant: str | None = None, rebuild: bool = False) -> dict[str, Any]:
         """The engine runs in an environment of its own (its pins clash with vLLM's): made here once, cached."""
-        _, freeze_sha = forms.env_python()
-        return {"version": PIN, "environment": f"{ENV}-{envs.key(PINS)}", "freeze_sha256": freeze_sha}
+        forms.env_python()
+        return {"version": PIN}
 
     def validate_options(self, path: str, arm: Any, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         super().validate_options(path, arm, opts, workload)

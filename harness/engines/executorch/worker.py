@@ -105,10 +105,10 @@ def measure(req: dict) -> dict:
     for rep in req["repetitions"]:
         (ids,) = rep["prompts"]  # batch 1: one request per repetition
         times: list[float] = []
-        before = workerlib.thread_cpu_ns()
+        before = workerlib.thread_times_ns()
         t0 = time.perf_counter()
         out = prog.greedy(ids, gen_len, lambda: times.append(time.perf_counter() - t0))
-        after = workerlib.thread_cpu_ns()
+        after = workerlib.thread_times_ns()
         if not rep["warmup"]:
             workerlib.add_busy(busy_ns, before, after)
         prompt_tokens.append(len(ids))
@@ -141,10 +141,10 @@ def fidelity(cfg: dict) -> dict:
         return workerlib.log_softmax(np.stack(rows))
 
     n_vocab = int(prog.metadata.get("get_vocab_size") or 0)
-    before = workerlib.thread_cpu_ns()
+    before = workerlib.thread_times_ns()
     prompts, error = workerlib.scored_prompts(req, lambda ids: prog.greedy(ids, n), forced_logprobs, n_vocab)
     busy_ns: dict[int, int] = {}
-    workerlib.add_busy(busy_ns, before, workerlib.thread_cpu_ns())
+    workerlib.add_busy(busy_ns, before, workerlib.thread_times_ns())
     if error:
         return {"status": "failed", "error": error}
     return {"status": "ok", "prompts": prompts, "n_vocab": n_vocab, "n_predict": n, "top_k": k, "threads": threads,

@@ -29,7 +29,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)
 
 from harness.engines.workerlib import (add_busy, log_softmax, main, running_threads, scored_prompts,  # noqa: E402
-                                      thread_cpu_ns)
+                                      thread_times_ns)
 
 
 def loaded_libraries() -> list[str]:
@@ -79,7 +79,7 @@ def measure(req: dict) -> dict:
     for rep in req["repetitions"]:
         (ids,) = rep["prompts"]  # batch 1: one request per repetition
         stream = tokenizer.create_stream()
-        before = thread_cpu_ns()
+        before = thread_times_ns()
         t0 = time.perf_counter()
         g = generator(model, len(ids) + gen_len)
         g.append_tokens([ids])  # the prefill
@@ -90,7 +90,7 @@ def measure(req: dict) -> dict:
             stream.decode(tid)
             times.append(time.perf_counter() - t0)
             out.append(tid)
-        after = thread_cpu_ns()
+        after = thread_times_ns()
         batch_sizes.append(int(np.asarray(g.get_output("logits")).shape[0]))  # sequences the last step computed
         seq = [int(i) for i in g.get_sequence(0)]
         del g
@@ -161,10 +161,10 @@ def fidelity(cfg: dict) -> dict:
 
     probe = forced_logprobs(req["prompts"][0]["ids"], [0]) if req["prompts"] else None
     n_vocab = int(probe.shape[1]) if probe is not None else 0
-    before = thread_cpu_ns()
+    before = thread_times_ns()
     prompts, error = scored_prompts(req, greedy, forced_logprobs, n_vocab)
     busy_ns: dict[int, int] = {}
-    add_busy(busy_ns, before, thread_cpu_ns())
+    add_busy(busy_ns, before, thread_times_ns())
     if error:
         return {"status": "failed", "error": error}
     return {"status": "ok", "prompts": prompts, "n_vocab": n_vocab, "n_predict": n, "top_k": k, "threads": threads,

@@ -31,7 +31,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)
 
 from harness.engines.workerlib import (add_busy, log_softmax, running_threads, scored_prompts,  # noqa: E402
-                                      sha256_of, thread_cpu_ns, write_result)
+                                      sha256_of, thread_times_ns, write_result)
 
 
 def one_line(text: str) -> str:
@@ -111,10 +111,10 @@ def measure(req: dict) -> dict:
         (ids,) = rep["prompts"]  # batch 1: one request per repetition
         inputs = tokenized(ids)
         streamer = Stamps()
-        before = thread_cpu_ns()
+        before = thread_times_ns()
         streamer.t0 = time.perf_counter()
         result = pipe.generate(inputs, config, streamer)
-        after = thread_cpu_ns()
+        after = thread_times_ns()
         if not rep["warmup"]:
             add_busy(busy_ns, before, after)
         out_ids = [int(i) for i in result.tokens[0]]
