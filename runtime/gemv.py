@@ -150,9 +150,11 @@ SOURCE = SOURCE_TEMPLATE.replace("@MAX_M@", str(MAX_M))
 
 
 def build_key() -> str:
+    import sys
+
     import torch
     h = hashlib.sha256(SOURCE.encode())
-    h.update(repr((CFLAGS, torch.__version__)).encode())
+    h.update(repr((CFLAGS, torch.__version__, sys.implementation.cache_tag, platform.machine())).encode())
     return h.hexdigest()
 
 
@@ -175,14 +177,36 @@ def load():
     """The compiled extension (built once per source/flags/torch version, then loaded from the cache)."""
     global _EXT
     if _EXT is None:
-        from torch.utils.cpp_extension import load_inline
+        name = f"edge_gemv_{build_key()[:12]}"
         d = _cache_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        _EXT = load_inline(name=f"edge_gemv_{build_key()[:12]}", cpp_sources=[SOURCE],
-                           functions=["linear_small_m", "counters"],
-                           extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"], build_directory=str(d),
-                           verbose=False)
+        _EXT = _load_built(d, name)
+        if _EXT is None:
+            from torch.utils.cpp_extension import load_inline
+            d.mkdir(parents=True, exist_ok=True)
+            _EXT = load_inline(name=name, cpp_sources=[SOURCE], functions=["linear_small_m", "counters"],
+                               extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"], build_directory=str(d),
+                               verbose=False)
+            (d / f"{name}.ok.tmp").write_text(build_key() + "\n")
+            os.replace(d / f"{name}.ok.tmp", d / f"{name}.ok")
     return _EXT
+
+
+def _load_built(d, name: str):
+    """The library a finished build left (its .ok file is written after load_inline loaded it), loaded as it is:
+    load_inline would run ninja again, which recompiles whenever the torch headers' timestamps are newer than the
+    object (a fresh virtual environment: about 30 CPU-seconds of every clean checkout's first decode-gemv run)."""
+    import importlib.util
+    ok, lib = d / f"{name}.ok", d / f"{name}.so"
+    if not (ok.is_file() and lib.is_file() and ok.read_text().strip() == build_key()):
+        return None
+    import torch  # noqa: F401 - the library links against the process's libtorch
+    spec = importlib.util.spec_from_file_location(name, lib)
+    try:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except ImportError:
+        return None
+    return mod
 
 
 def routed_linear(kernel, weight, fallback, max_m: int = MAX_M, traced=None):

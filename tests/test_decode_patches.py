@@ -45,7 +45,8 @@ def test_gemv_kernel_matches_aten_linear():
     """fp32 within float rounding of ATen's linear (errors against the largest output); bf16 within one bf16
     rounding of the fp32 product (2^-8); row
     tails (N not a multiple of 4), K tails (not a multiple of 8), M up to MAX_M + 1, bias, 3-D input; and the C++
-    operator the compiled forward calls routes the same way and traces as one node."""
+    operator the compiled forward calls routes the same way and traces as one node; a second load in the process
+    reads the finished build without compiling."""
     got = _in_subprocess("""
 import json, torch
 from runtime import gemv
@@ -76,6 +77,11 @@ assert torch.equal(op(x1, w, None), k(x1, w, None))
 assert torch.equal(op(xm, w, None), torch.nn.functional.linear(xm, w))
 f = torch.compile(lambda x: op(x, w, None) * 2, fullgraph=True, backend="aot_eager")
 assert torch.equal(f(x1), 2 * k(x1, w, None))
+# a finished build is loaded as it is: load_inline (whose ninja recompiled in every fresh virtual environment, the
+# torch headers being newer than the object) is not called again
+import torch.utils.cpp_extension as ce
+gemv._EXT, ce.load_inline = None, None
+assert torch.equal(gemv.load().linear_small_m(x1, w, None), k(x1, w, None))
 print(json.dumps(worst))
 """)
     assert got["torch.float32"] < 1e-5, got
