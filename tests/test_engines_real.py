@@ -9,6 +9,7 @@ the same settings, and shows stock losing the last two)."""
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,20 @@ def test_engines_ran_for_real_and_pass_check(tiny_store):
         for name, row in a["execution"]["settings"].items():
             if row["rule"] == "enforced":
                 assert row["effective"] == row["requested"], (arm, name, row)
+
+
+def test_vllm_arms_keep_their_compile_caches_and_share_what_vllm_learned_of_the_model_class(tiny_store):
+    """Each vLLM arm runs on a cache root of its own; its modelinfos/ is the one shared folder, where these runs
+    left LlamaForCausalLM's entry (else every new arm's first start imported vLLM again in a subprocess to learn
+    it)."""
+    from harness.paths import cache_root
+    arts = [*_arts(tiny_store[1]).values(), *_arts(tiny_store[1], 2).values()]
+    roots = {Path(a["execution"]["env"]["VLLM_CACHE_ROOT"]) for a in arts if a["engine"]["name"] == "vllm"}
+    assert len(roots) == 2  # vllm and vllm-decode
+    shared = (cache_root() / "vllm-modelinfos").resolve()
+    for root in roots:
+        assert (root / "modelinfos").is_symlink() and (root / "modelinfos").resolve() == shared
+    assert any("LlamaForCausalLM" in p.name for p in shared.iterdir()), sorted(shared.iterdir())
 
 
 def test_same_metric_definitions_for_every_request_engine(tiny_store):

@@ -134,6 +134,10 @@ def test_a_vllm_build_may_compile_in_its_own_cache(tmp_path):
                                   {"eager": False, "patches": ["all", "decode-gemv"]})
     assert json.loads((tmp_path / "worker-config.json").read_text())["eager"] is False
     assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path)) and env["EDGE_HARNESS_PATCHES"] == "all,decode-gemv"
+    # what vLLM learns of a model class is shared with every other run, its compile cache is not
+    from harness.paths import cache_root
+    info = Path(env["VLLM_CACHE_ROOT"]) / "modelinfos"
+    assert info.is_symlink() and info.resolve() == (cache_root() / "vllm-modelinfos").resolve()
     _, env = eng.fidelity_command(tmp_path, 2, [0, 1], "float32", req, tmp_path / "out.json", tmp_path, None)
     assert json.loads((tmp_path / "worker-config.json").read_text())["eager"] is True
     assert "VLLM_CACHE_ROOT" not in env
