@@ -13,7 +13,8 @@ half the bytes of fp32 for the same arithmetic). Up to MAX_M tokens share each p
 row is read from memory once per call.
 
 Built on first use with torch.utils.cpp_extension (g++, -O3 -mavx2 -mfma -fopenmp), cached outside the
-checkout under <cache>/ext/, keyed by the sha256 of the source, the flags and torch's version.
+checkout under <cache>/ext/, keyed by the sha256 of the source, the flags, torch's version and the Python ABI; a
+finished build is loaded as it is (load()).
 """
 
 from __future__ import annotations

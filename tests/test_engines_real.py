@@ -8,6 +8,7 @@ to CPU 0, an explicit KV budget beside the legacy VLLM_CPU_KVCACHE_SPACE (test_r
 the same settings, and shows stock losing the last two)."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -72,6 +73,8 @@ def test_engines_ran_for_real_and_pass_check(tiny_store):
                             "vllm-decode", "vllm@2"]
     for arm, a in arts.items():
         assert a["status"] == "ok"
+        # the wait policy the suite's engines ran with (tests/conftest.py) is in what they record
+        assert a["execution"]["env"]["OMP_WAIT_POLICY"] == os.environ["OMP_WAIT_POLICY"], arm
         problems = [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p]
         assert problems == []
         # every enforced setting was read back from the engine and equals the request
