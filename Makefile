@@ -20,7 +20,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup venv ccache llama.cpp models zoo browser demo test test-fast bench planted calibrate fidelity ceiling coverage footprint clean-venv
 
-setup: llama.cpp venv models browser
+setup: venv llama.cpp models browser
 
 # Headless Chromium (Debian's package) opens the HTML report in its test; installed where apt-get can, else the
 # test skips and says why.
@@ -57,29 +57,13 @@ ccache:
 	  apt-get install -y --no-install-recommends ccache > /dev/null 2>&1; } || \
 	  echo "[setup] ccache is not installed: each llama.cpp build compiles every source (fix: apt-get install ccache)"
 
-# The llama.cpp compiles need two of the pinned packages (pydantic, pyyaml): a small environment of their own, in the
-# cache, runs them from this checkout while pip installs $(VENV) (pip's minutes mostly use one CPU).
-CACHE := $(or $(EDGE_HARNESS_CACHE),$(HOME)/.cache/edge-harness)
-BOOT_PINS := $(shell grep -oE '"(pydantic|pyyaml)==[^"]+"' pyproject.toml 2>/dev/null | tr -d '"' | sort | tr '\n' ' ')
-BOOT := $(CACHE)/boot/$(shell echo '$(BOOT_PINS)' | sha256sum | cut -c1-12)
-
-$(BOOT)/.ready:
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
-	  { echo "error: $(PYTHON): Python >= 3.11 is needed (fix: make PYTHON=python3.11 ...)" >&2; exit 2; }
-	@rm -rf $(BOOT) && mkdir -p $(BOOT) && $(PYTHON) -m venv $(BOOT) && \
-	  $(BOOT)/bin/python -m pip install --no-compile $(BOOT_PINS) > $(BOOT)/pip.log 2>&1 || \
-	  { echo "error: pip install $(BOOT_PINS) into $(BOOT) failed: $$(grep -m1 -E '^ERROR' $(BOOT)/pip.log) (fix: check network to the package index; full log in $(BOOT)/pip.log)" >&2; exit 2; }
-	@touch $@
-
-# Beside the compiles, in the background: $(VENV), then the environments of their own (ExecuTorch's, the quantizer's:
-# pins that clash with vLLM's): mostly downloads and unpacking while the compiler holds the CPUs (minutes cold,
-# cached after). A failure of either is its own one line, exit 2.
-llama.cpp: ccache $(BOOT)/.ready
-	@{ $(MAKE) -s --no-print-directory venv || exit 2; $(HARNESS) build --environments > $(VENV)/environments.log 2>&1 || \
-	    { echo "error: making the engines' own environments failed: $$(grep -m1 -E 'error|Error' \
-	      $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; } & bg=$$!; \
-	  PYTHONPATH=$(CURDIR) $(BOOT)/bin/python -m harness.cli build --engine llama.cpp --engine llama-server \
-	    $(if $(REBUILD),--rebuild,) > /dev/null; rc=$$?; wait $$bg || exit 2; [ $$rc = 0 ] || exit $$rc
+# The environments of their own (ExecuTorch's, the quantizer's: pins that clash with vLLM's) are made beside the
+# llama.cpp compiles: mostly downloads and unpacking while the compiler holds the CPUs (minutes cold, cached after).
+llama.cpp: venv ccache
+	@$(HARNESS) build --environments > $(VENV)/environments.log 2>&1 & envs=$$!; \
+	  $(HARNESS) build --engine llama.cpp --engine llama-server $(if $(REBUILD),--rebuild,) > /dev/null; rc=$$?; \
+	  wait $$envs || { echo "error: making the engines' own environments failed: $$(grep -m1 -E 'error|Error' \
+	    $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; [ $$rc = 0 ] || exit $$rc
 	@$(HARNESS) build > /dev/null
 
 models: venv llama.cpp zoo
@@ -117,7 +101,7 @@ TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
 # inside a test's run they were built under the measuring lock while the other worker's engine tests waited. They
 # compile beside the model zoo's preparation, which leaves one of two CPUs mostly idle (its steps are one process
 # at a time, most of them single-threaded Python).
-test: llama.cpp venv browser
+test: venv llama.cpp browser
 	@{ $(HARNESS) build --engine llama.cpp --isa baseline > /dev/null && { ! grep -qw avx512f /proc/cpuinfo || \
 	    $(HARNESS) build --engine llama.cpp --isa avx2 > /dev/null; }; } & variants=$$!; \
 	  $(MAKE) --no-print-directory zoo; rc=$$?; wait $$variants || exit 2; exit $$rc
