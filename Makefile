@@ -13,8 +13,8 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -
 TORCH_INDEX ?=
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 # Python writes each module's bytecode on first import (pip installs with --no-compile): with
-# PYTHONDONTWRITEBYTECODE set (some images set it), every process compiled every module it imported from source again,
-# about 15 CPU-seconds of each vLLM start on 2 cores. The bytecode lands beside the sources (.venv/, the caches'
+# PYTHONDONTWRITEBYTECODE set (some images set it), every process compiled every module it imported from source again
+# (most of a vLLM start's CPU time on 2 cores). The bytecode lands beside the sources (.venv/, the caches'
 # environments; __pycache__ is ignored by git).
 unexport PYTHONDONTWRITEBYTECODE
 

@@ -18,7 +18,7 @@ from harness.paths import PROJECT_ROOT
 # ATEN_/ONEDNN_/DNNL_: torch's ISA switches change every kernel; EDGE_HARNESS_HW_PROFILE changes what `auto` derives
 # Environment that changes what any engine computes (threading runtimes, BLAS, preloads); each engine adds its own
 # prefixes (Engine.env_prefixes: VLLM_, GGML_, ...), so relevant_env records the union. PYTHONDONTWRITEBYTECODE changes
-# what a Python engine's start costs (each process compiles every module it imports from source: ~12 s of vLLM's).
+# what a Python engine's start costs (each process compiles every module it imports from source).
 ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_PRELOAD", "CUDA_VISIBLE", "DNNL_", "EDGE_HARNESS_HW_PROFILE",
                 "PYTHONDONTWRITEBYTECODE")
 

@@ -178,27 +178,28 @@ def load():
     """The compiled extension (built once per source/flags/torch version, then loaded from the cache)."""
     global _EXT
     if _EXT is None:
-        name = f"edge_gemv_{build_key()[:12]}"
+        key = build_key()
+        name = f"edge_gemv_{key[:12]}"
         d = _cache_dir()
-        _EXT = _load_built(d, name)
+        _EXT = _load_built(d, name, key)
         if _EXT is None:
             from torch.utils.cpp_extension import load_inline
             d.mkdir(parents=True, exist_ok=True)
             _EXT = load_inline(name=name, cpp_sources=[SOURCE], functions=["linear_small_m", "counters"],
                                extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"], build_directory=str(d),
                                verbose=False)
-            (d / f"{name}.ok.tmp").write_text(build_key() + "\n")
+            (d / f"{name}.ok.tmp").write_text(key + "\n")
             os.replace(d / f"{name}.ok.tmp", d / f"{name}.ok")
     return _EXT
 
 
-def _load_built(d, name: str):
-    """The library a finished build left (its .ok file is written after load_inline loaded it), loaded as it is:
-    load_inline would run ninja again, which recompiles whenever the torch headers' timestamps are newer than the
-    object (a fresh virtual environment: about 30 CPU-seconds of every clean checkout's first decode-gemv run)."""
+def _load_built(d, name: str, key: str):
+    """The library a finished build left (its .ok file, holding the build key, is written after load_inline loaded
+    it), loaded as it is: load_inline would run ninja again, which recompiles whenever the torch headers' timestamps
+    are newer than the object (every fresh virtual environment)."""
     import importlib.util
     ok, lib = d / f"{name}.ok", d / f"{name}.so"
-    if not (ok.is_file() and lib.is_file() and ok.read_text().strip() == build_key()):
+    if not (ok.is_file() and lib.is_file() and ok.read_text().strip() == key):
         return None
     import torch  # noqa: F401 - the library links against the process's libtorch
     spec = importlib.util.spec_from_file_location(name, lib)

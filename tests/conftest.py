@@ -10,10 +10,10 @@ import pytest
 
 # The engines the suite starts (llama.cpp, torch under vLLM and ExecuTorch: OpenMP) wait at a barrier by sleeping,
 # not spinning: `make test` runs a worker more than the CPUs, and a thread spinning for a partner the scheduler has
-# put off the CPU burned whole time slices (the suite took about a fifth more CPU time; one llama.cpp fidelity
-# run of tiny-llama, under 0.5 s alone, took 15 to 26 CPU-seconds). Set before any engine library loads; the
-# suite's artifacts record it (OMP_* is in every artifact's environment). The harness itself never sets it: a
-# measurement runs with the engine's own default or with what its user set.
+# put off the CPU burned whole time slices (a llama.cpp fidelity run of tiny-llama took many times the CPU time it
+# takes alone). Set before any engine library loads; the suite's artifacts record it (OMP_* is in every artifact's
+# environment). The harness itself never sets it: a measurement runs with the engine's own default or with what its
+# user set.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from harness.cli import main  # noqa: E402

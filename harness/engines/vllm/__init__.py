@@ -31,22 +31,25 @@ ENGINE_CORES = ("inprocess", "multiprocess")
 def shared_model_infos(vllm_root: Path) -> None:
     """vLLM keeps what it learned of a model class (which interfaces it has) in VLLM_CACHE_ROOT/modelinfos/, one
     file per class, checked against the md5 of the class's source module; without it, it imports vLLM again in a
-    subprocess to learn it (about 12 CPU-seconds on 2 cores). The compile caches stay an arm's own; that folder
-    of every arm's root is one shared folder, as it is under vLLM's default root (a folder of its own that an
-    older root holds is replaced: its entries are only a cache)."""
+    subprocess to learn it. The compile caches stay an arm's own; that folder of every arm's root is one shared
+    folder, as it is under vLLM's default root (a folder of its own that an older root holds, or a link to anywhere
+    else, is replaced: its entries are only a cache)."""
     import shutil
     shared = cache_root() / "vllm-modelinfos"
     shared.mkdir(parents=True, exist_ok=True)
     vllm_root.mkdir(parents=True, exist_ok=True)
     link = vllm_root / "modelinfos"
     if link.is_symlink():
-        return
-    if link.is_dir():
+        if os.readlink(link) == str(shared):
+            return
+        link.unlink()
+    elif link.is_dir():
         shutil.rmtree(link, ignore_errors=True)
     try:
         link.symlink_to(shared, target_is_directory=True)
     except FileExistsError:  # another process made it first
         pass
+
 
 class VllmOptions(Options):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = None
