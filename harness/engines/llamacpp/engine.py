@@ -137,8 +137,7 @@ class LlamaCpp(Engine):
         project's tools linked against it (edge-bench; edge-fidelity with the native build)."""
         with llamacpp_build.variant(isa_variant):
             m = llamacpp_build.build(rebuild=rebuild)
-            for name in (TOOL,) if isa_variant else (TOOL, FIDELITY_TOOL):
-                llamacpp_build.tool(name)
+            llamacpp_build.tools((TOOL,) if isa_variant else (TOOL, FIDELITY_TOOL))
         return m
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
