@@ -104,12 +104,13 @@ demo: setup
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
 # The ISA-capped llama.cpp builds the hardware-emulation tests run (minutes cold, cached after) are made first:
 # inside a test's run they were built under the measuring lock while the other worker's engine tests waited. They
-# compile beside the model zoo's preparation, which leaves one of two CPUs mostly idle (its steps are one process
-# at a time, most of them single-threaded Python).
+# compile beside each other (one's single-threaded unpacking, configuring and linking beside the other's compile)
+# and beside the model zoo's preparation, which leaves one of two CPUs mostly idle (its steps are one process at a
+# time, most of them single-threaded Python).
 test: venv llama.cpp browser
-	@{ $(HARNESS) build --engine llama.cpp --isa baseline > /dev/null && { ! grep -qw avx512f /proc/cpuinfo || \
-	    $(HARNESS) build --engine llama.cpp --isa avx2 > /dev/null; }; } & variants=$$!; \
-	  $(MAKE) --no-print-directory zoo; rc=$$?; wait $$variants || exit 2; exit $$rc
+	@$(HARNESS) build --engine llama.cpp --isa baseline > /dev/null & baseline=$$!; \
+	  { ! grep -qw avx512f /proc/cpuinfo || $(HARNESS) build --engine llama.cpp --isa avx2 > /dev/null; } & avx2=$$!; \
+	  $(MAKE) --no-print-directory zoo; rc=$$?; wait $$baseline || exit 2; wait $$avx2 || exit 2; exit $$rc
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 bench: venv
