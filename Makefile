@@ -38,7 +38,7 @@ $(PY):
 # the same distributions among the indexes' files, cold cache or warm (the measured figures: the note of #31).
 PIP_PIN := pip==26.3
 # --no-compile: Python compiles a module when it is first imported (and keeps the .pyc), not every module of every
-# package at install time (about 50 s of a cold set-up on 2 cores).
+# package at install time (most of a cold install's time on 2 cores went there).
 $(STAMP): pyproject.toml | $(PY)
 	@echo "[setup] installing pinned dependencies into $(VENV) (log: $(VENV)/pip.log)"
 	@$(PY) -m pip install --no-compile $(PIP_EXTRA) '$(PIP_PIN)' > $(VENV)/pip.log 2>&1 || \
@@ -104,13 +104,13 @@ demo: setup
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
 # The ISA-capped llama.cpp builds the hardware-emulation tests run (minutes cold, cached after) are made first:
 # inside a test's run they were built under the measuring lock while the other worker's engine tests waited. They
-# compile beside each other (one's single-threaded unpacking, configuring and linking beside the other's compile)
-# and beside the model zoo's preparation, which leaves one of two CPUs mostly idle (its steps are one process at a
-# time, most of them single-threaded Python).
+# compile beside the model zoo's preparation, which leaves one of two CPUs mostly idle (its steps are one process
+# at a time, most of them single-threaded Python), one after the other: side by side, each with its own -j, they
+# slowed the zoo, the longest of the three.
 test: venv llama.cpp browser
-	@$(HARNESS) build --engine llama.cpp --isa baseline > /dev/null & baseline=$$!; \
-	  { ! grep -qw avx512f /proc/cpuinfo || $(HARNESS) build --engine llama.cpp --isa avx2 > /dev/null; } & avx2=$$!; \
-	  $(MAKE) --no-print-directory zoo; rc=$$?; wait $$baseline || exit 2; wait $$avx2 || exit 2; exit $$rc
+	@{ $(HARNESS) build --engine llama.cpp --isa baseline > /dev/null && { ! grep -qw avx512f /proc/cpuinfo || \
+	    $(HARNESS) build --engine llama.cpp --isa avx2 > /dev/null; }; } & variants=$$!; \
+	  $(MAKE) --no-print-directory zoo; rc=$$?; wait $$variants || exit 2; exit $$rc
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 bench: venv
