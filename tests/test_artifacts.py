@@ -225,7 +225,6 @@ def test_check_fails_an_enforced_setting_the_engine_did_not_use(one):
     assert "not read back" in _problems(edited, f"{edited['id']}.json")[0]
 
 
-
 def test_the_environment_records_whether_python_keeps_bytecode():
     """PYTHONDONTWRITEBYTECODE changes what a Python engine's start costs (every module compiled from source in
     every process): recorded where it is set, absent where it is not."""

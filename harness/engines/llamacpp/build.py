@@ -348,7 +348,8 @@ def ensure_sdist() -> Path:
     print(f"[llama.cpp] downloading {SDIST_NAME}=={SDIST_VERSION} sdist", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=dl) as tmp:
         got = _fetch_from_index(Path(tmp))
-        # else pip: it prepares the sdist's metadata in an isolated build env (scikit-build-core) first, which takes most of a minute
+        # else pip: it prepares the sdist's metadata in an isolated build env (scikit-build-core) first, which takes
+        # most of a minute
         r = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
              f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp],
