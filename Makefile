@@ -81,7 +81,7 @@ ccache:
 # The native llama.cpp build (the model zoo is made with it) starts as soon as the venv's first step is in. Beside it
 # pip installs the rest of the venv, and the environments of their own (ExecuTorch's, the quantizer's: pins that
 # clash with vLLM's) are made: downloads and unpacking, mostly, while the compiler holds the CPUs. Each of the two in
-# a process group of its own, stopped with this recipe if it stops first.
+# a process group of its own, stopped with this recipe if it stops first. Then llama-server's build and the rest.
 llama.cpp: $(BOOT) ccache
 	@setsid $(MAKE) --no-print-directory venv & venv=$$!; \
 	  setsid $(HARNESS) build --environments > $(VENV)/environments.log 2>&1 & envs=$$!; \
@@ -89,22 +89,24 @@ llama.cpp: $(BOOT) ccache
 	  $(HARNESS) build --engine llama.cpp $(if $(REBUILD),--rebuild,) > /dev/null; rc=$$?; \
 	  wait $$venv || exit 2; \
 	  wait $$envs || { echo "error: making the engines' own environments failed: $$(grep -m1 -E 'error|Error' \
-	    $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; trap - EXIT; exit $$rc
+	    $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; trap - EXIT; [ $$rc = 0 ] || exit $$rc
+	@$(HARNESS) build --engine llama-server $(if $(REBUILD),--rebuild,) > /dev/null
+	@$(HARNESS) build > /dev/null
 
 # The ISA-capped llama.cpp builds the hardware-emulation tests run (`make test` sets them; minutes cold, cached after):
 # AVX2 on a machine with AVX-512, the x86-64-v2 baseline everywhere.
 ISA_BUILDS ?=
-# The rest of the engines (llama-server's compile; then the ISA builds asked for, one after the other) beside the
-# model zoo's preparation, which leaves one of two CPUs mostly idle (its steps are one process at a time, most of them
-# single-threaded Python). Two compiles side by side, each with its own -j, slowed the zoo: they take turns.
+# The ISA builds asked for, one after the other, beside the model zoo's preparation, which leaves one of two CPUs
+# mostly idle (its steps are one process at a time, most of them single-threaded Python). Two compiles side by side,
+# each with its own -j, slowed the zoo; llama-server's compile beside it slowed both (a compile from scratch, where
+# an ISA build compiles little more than ggml's CPU backend, the rest from the compiler cache).
 models: llama.cpp
-	@setsid bash -c '$(HARNESS) build --engine llama-server $(if $(REBUILD),--rebuild,) > /dev/null && \
-	    $(HARNESS) build > /dev/null $(foreach v,$(ISA_BUILDS),&& $(HARNESS) build --engine llama.cpp --isa $(v) > /dev/null)' & \
+	@setsid bash -c 'true $(foreach v,$(ISA_BUILDS),&& $(HARNESS) build --engine llama.cpp --isa $(v) > /dev/null)' & \
 	  builds=$$!; \
 	  trap 'kill -- -$$builds 2> /dev/null' EXIT; \
 	  $(MAKE) --no-print-directory zoo; rc=$$?; wait $$builds || exit 2; trap - EXIT; exit $$rc
 
-# The zoo's recipe alone (its callers have made venv and llama.cpp): `make models` runs it beside the other builds.
+# The zoo's recipe alone (its callers have made venv and llama.cpp): `make models` runs it beside the ISA builds.
 # .models/ (ignored): the wheel's own Q4_1 GGUF under a fixed path, a link into the zoo's cache, for the
 # grids that give a model by path (grids/own-model.yaml) as a user gives theirs.
 zoo:

@@ -1,12 +1,16 @@
 """One run of the runtime's worker (runtime.worker) on tiny-llama, outside the harness: the runtime tests' way to
-start stock or patched vLLM with settings of their own (test_runtime, test_runtime_memory)."""
+start stock or patched vLLM with settings of their own (test_runtime, test_runtime_memory). As under the harness, the
+worker's vLLM root is a folder of the test's own (or the one a test gives) whose modelinfos/ is the harness's shared
+one: what vLLM learned of the model class is not learned again, each time in a process that imports vLLM."""
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from harness import models
+from harness.engines.vllm import shared_model_infos
 
 
 def worker(tmp_path, mode, extra_env=None, **cfg):
@@ -17,7 +21,8 @@ def worker(tmp_path, mode, extra_env=None, **cfg):
     c["prompts"] = request_prompts("tiny-llama", c["prompt_len"], 1, c["warmups"] + c["repetitions"])
     (tmp_path / f"{mode}.json").write_text(json.dumps(c))
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env.update({"EDGE_HARNESS_PATCHES": mode, **(extra_env or {})})
+    env.update({"EDGE_HARNESS_PATCHES": mode, "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), **(extra_env or {})})
+    shared_model_infos(Path(env["VLLM_CACHE_ROOT"]))
     r = subprocess.run([sys.executable, "-m", "runtime.worker", str(tmp_path / f"{mode}.json"),
                         str(tmp_path / f"{mode}-out.json")], env=env, capture_output=True, timeout=600)
     out = tmp_path / f"{mode}-out.json"
