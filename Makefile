@@ -81,15 +81,16 @@ ccache:
 # The native llama.cpp build (the model zoo is made with it) starts as soon as the venv's first step is in. Beside it
 # pip installs the rest of the venv, and the environments of their own (ExecuTorch's, the quantizer's: pins that
 # clash with vLLM's) are made: downloads and unpacking, mostly, while the compiler holds the CPUs. Each of the two in
-# a process group of its own, stopped with this recipe if it stops first. Then llama-server's build and the rest.
+# a process group of its own, stopped with this recipe if it stops first (a failed build stops them at once). Then
+# llama-server's build and the rest.
 llama.cpp: $(BOOT) ccache
 	@setsid $(MAKE) --no-print-directory venv & venv=$$!; \
 	  setsid $(HARNESS) build --environments > $(VENV)/environments.log 2>&1 & envs=$$!; \
 	  trap 'kill -- -$$venv -$$envs 2> /dev/null' EXIT; \
-	  $(HARNESS) build --engine llama.cpp $(if $(REBUILD),--rebuild,) > /dev/null; rc=$$?; \
+	  $(HARNESS) build --engine llama.cpp $(if $(REBUILD),--rebuild,) > /dev/null || exit $$?; \
 	  wait $$venv || exit 2; \
 	  wait $$envs || { echo "error: making the engines' own environments failed: $$(grep -m1 -E 'error|Error' \
-	    $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; trap - EXIT; [ $$rc = 0 ] || exit $$rc
+	    $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; trap - EXIT
 	@$(HARNESS) build --engine llama-server $(if $(REBUILD),--rebuild,) > /dev/null
 	@$(HARNESS) build > /dev/null
 
@@ -104,7 +105,7 @@ models: llama.cpp
 	@setsid bash -c 'true $(foreach v,$(ISA_BUILDS),&& $(HARNESS) build --engine llama.cpp --isa $(v) > /dev/null)' & \
 	  builds=$$!; \
 	  trap 'kill -- -$$builds 2> /dev/null' EXIT; \
-	  $(MAKE) --no-print-directory zoo; rc=$$?; wait $$builds || exit 2; trap - EXIT; exit $$rc
+	  $(MAKE) --no-print-directory zoo || exit $$?; wait $$builds || exit 2; trap - EXIT
 
 # The zoo's recipe alone (its callers have made venv and llama.cpp): `make models` runs it beside the ISA builds.
 # .models/ (ignored): the wheel's own Q4_1 GGUF under a fixed path, a link into the zoo's cache, for the
