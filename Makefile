@@ -95,7 +95,8 @@ llama.cpp: $(BOOT) ccache
 	@$(HARNESS) build > /dev/null
 
 # The ISA-capped llama.cpp builds the hardware-emulation tests run (`make test` sets them; minutes cold, cached after):
-# AVX2 on a machine with AVX-512, the x86-64-v2 baseline everywhere.
+# AVX2 on a machine with AVX-512, the x86-64-v2 baseline everywhere. Made before the tests: inside a test's run they
+# were built under the measuring lock while the other workers' engine tests waited.
 ISA_BUILDS ?=
 # The ISA builds asked for, one after the other, beside the model zoo's preparation, which leaves one of two CPUs
 # mostly idle (its steps are one process at a time, most of them single-threaded Python). Two compiles side by side,
