@@ -78,17 +78,25 @@ ccache:
 	  apt-get install -y --no-install-recommends ccache > /dev/null 2>&1; } || \
 	  echo "[setup] ccache is not installed: each llama.cpp build compiles every source (fix: apt-get install ccache)"
 
+# make through a variable of its own in the recipes below: a recipe line naming $(MAKE) itself is run even by
+# `make -n`, and with it the builds on the same line.
+SUBMAKE = $(MAKE)
 # The native llama.cpp build (the model zoo is made with it) starts as soon as the venv's first step is in. Beside it
 # pip installs the rest of the venv, and the environments of their own (ExecuTorch's, the quantizer's: pins that
-# clash with vLLM's) are made: downloads and unpacking, mostly, while the compiler holds the CPUs. Each of the two in
-# a process group of its own, stopped with this recipe if it stops first (a failed build stops them at once). Then
-# llama-server's build and the rest.
+# clash with vLLM's) are made: downloads and unpacking, mostly, while the compiler holds the CPUs. Each of the three
+# in a process group of its own; the first of the build and pip to fail stops the others at once (the recipe's exit
+# stops what is left), with its one line. Then llama-server's build and the rest.
 llama.cpp: $(BOOT) ccache
-	@setsid $(MAKE) --no-print-directory venv & venv=$$!; \
+	@setsid $(SUBMAKE) -s --no-print-directory venv 2> $(VENV)/venv.log & venv=$$!; \
 	  setsid $(HARNESS) build --environments > $(VENV)/environments.log 2>&1 & envs=$$!; \
-	  trap 'kill -- -$$venv -$$envs 2> /dev/null' EXIT; \
-	  $(HARNESS) build --engine llama.cpp $(if $(REBUILD),--rebuild,) > /dev/null || exit $$?; \
-	  wait $$venv || exit 2; \
+	  setsid $(HARNESS) build --engine llama.cpp $(if $(REBUILD),--rebuild,) > /dev/null & build=$$!; \
+	  trap 'kill -- -$$venv -$$envs -$$build 2> /dev/null' EXIT; \
+	  for _ in 1 2; do \
+	    wait -n -p done $$venv $$build 2> /dev/null; rc=$$?; \
+	    if [ "$$done" = "$$venv" ] && [ $$rc != 0 ]; then \
+	      echo "$$(grep -m1 '^error' $(VENV)/venv.log || tail -n1 $(VENV)/venv.log)" >&2; exit 2; fi; \
+	    [ $$rc = 0 ] || exit $$rc; \
+	  done; \
 	  wait $$envs || { echo "error: making the engines' own environments failed: $$(grep -m1 -E 'error|Error' \
 	    $(VENV)/environments.log) (full log: $(VENV)/environments.log)" >&2; exit 2; }; trap - EXIT
 	@$(HARNESS) build --engine llama-server $(if $(REBUILD),--rebuild,) > /dev/null
@@ -106,7 +114,7 @@ models: llama.cpp
 	@setsid bash -c 'true $(foreach v,$(ISA_BUILDS),&& $(HARNESS) build --engine llama.cpp --isa $(v) > /dev/null)' & \
 	  builds=$$!; \
 	  trap 'kill -- -$$builds 2> /dev/null' EXIT; \
-	  $(MAKE) --no-print-directory zoo || exit $$?; wait $$builds || exit 2; trap - EXIT
+	  $(SUBMAKE) --no-print-directory zoo || exit $$?; wait $$builds || exit 2; trap - EXIT
 
 # The zoo's recipe alone (its callers have made venv and llama.cpp): `make models` runs it beside the ISA builds.
 # .models/ (ignored): the wheel's own Q4_1 GGUF under a fixed path, a link into the zoo's cache, for the
@@ -139,6 +147,8 @@ demo: setup
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
 test: ISA_BUILDS = baseline $(if $(shell grep -qw avx512f /proc/cpuinfo && echo y),avx2)
 test: models browser
+	@# the ISA builds once more (cached: seconds): with `make demo test`, `models` was made for the demo, without them
+	@$(foreach v,$(ISA_BUILDS),$(HARNESS) build --engine llama.cpp --isa $(v) > /dev/null &&) true
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 bench: venv
