@@ -8,7 +8,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 HARNESS := $(VENV)/bin/harness
 # The stamp names the hash of pyproject.toml: a changed dependency list reinstalls, an unchanged one is skipped.
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+PYPROJECT_SHA := $(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+STAMP := $(VENV)/.installed-$(PYPROJECT_SHA)
 # Another machine: TORCH_INDEX=<the PyTorch CPU wheel index URL> (see README).
 TORCH_INDEX ?=
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
@@ -41,7 +42,7 @@ PIP_PIN := pip==26.3
 # PyYAML at their pins): the llama.cpp compile starts on it (`make llama.cpp`) while pip downloads and unpacks the
 # rest, mostly waiting on the network. Then the rest: the project's pinned dependencies, read from pyproject.toml
 # (the project itself stays as the first step installed it).
-BOOT := $(VENV)/.boot-$(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+BOOT := $(VENV)/.boot-$(PYPROJECT_SHA)
 BOOT_PINS := $(shell grep -oE '"(pydantic|pyyaml)==[^"]+"' pyproject.toml | tr -d '"')
 # --no-compile: Python compiles a module when it is first imported (and keeps the .pyc), not every module of every
 # package at install time (most of a cold install's time on 2 cores went there).
@@ -106,12 +107,13 @@ llama.cpp: $(BOOT) ccache
 # AVX2 on a machine with AVX-512, the x86-64-v2 baseline everywhere. Made before the tests: inside a test's run they
 # were built under the measuring lock while the other workers' engine tests waited.
 ISA_BUILDS ?=
+ISA_BUILD_CMDS = true $(foreach v,$(ISA_BUILDS),&& $(HARNESS) build --engine llama.cpp --isa $(v) > /dev/null)
 # The ISA builds asked for, one after the other, beside the model zoo's preparation, which leaves one of two CPUs
 # mostly idle (its steps are one process at a time, most of them single-threaded Python). Two compiles side by side,
 # each with its own -j, slowed the zoo; llama-server's compile beside it slowed both (a compile from scratch, where
 # an ISA build compiles little more than ggml's CPU backend, the rest from the compiler cache).
 models: llama.cpp
-	@setsid bash -c 'true $(foreach v,$(ISA_BUILDS),&& $(HARNESS) build --engine llama.cpp --isa $(v) > /dev/null)' & \
+	@setsid bash -c '$(ISA_BUILD_CMDS)' & \
 	  builds=$$!; \
 	  trap 'kill -- -$$builds 2> /dev/null' EXIT; \
 	  $(SUBMAKE) --no-print-directory zoo || exit $$?; wait $$builds || exit 2; trap - EXIT
@@ -148,7 +150,7 @@ TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 8 ? n + 1 : 8 )))
 test: ISA_BUILDS = baseline $(if $(shell grep -qw avx512f /proc/cpuinfo && echo y),avx2)
 test: models browser
 	@# the ISA builds once more (cached: seconds): with `make demo test`, `models` was made for the demo, without them
-	@$(foreach v,$(ISA_BUILDS),$(HARNESS) build --engine llama.cpp --isa $(v) > /dev/null &&) true
+	@$(ISA_BUILD_CMDS)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 bench: venv
