@@ -19,7 +19,7 @@ PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 # environments; __pycache__ is ignored by git).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup venv ccache llama.cpp models zoo browser demo test test-fast bench planted calibrate fidelity ceiling coverage footprint clean-venv
+.PHONY: setup venv ccache llama.cpp models zoo browser demo test test-fast bench suite-bench planted calibrate fidelity ceiling coverage footprint clean-venv
 
 setup: models browser
 
@@ -155,6 +155,11 @@ test: models browser
 
 bench: venv
 	$(PY) -m harness.bench -n 100000
+
+# The suite's own time: `make test`, then `make demo`, in a fresh clone of HEAD with empty caches (a fresh
+# machine's cold run: as long as that takes), by phase, with the CPU time and whether the tree is left clean.
+suite-bench: venv
+	$(PY) -m harness.suitebench --demo
 
 # The planted-effect experiment (docs/methodology.md): the same planted 5% slowdown, measured
 # interleaved and sequentially, each under a fresh background load drifting from 90% to 0%.
