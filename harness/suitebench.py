@@ -4,9 +4,10 @@ phase (the set-up, then pytest), with the machine's CPU time over the run read f
 Cold (the default) is a fresh machine as far as caches go: pip's, the harness's (llama.cpp builds, compiler cache,
 models, engine environments), torch inductor's and XDG's cache folders are new empty folders for the run, removed
 after it. `--warm` keeps this user's caches (what CI on a used machine sees). After the run: whether the clone's
-tree is clean, and which processes of the run outlived it (any process whose command line names the clone or the
-run's caches; they are killed and named). `--demo` then runs `make demo` in the same clone and checks the tree
-again. What is timed is HEAD as committed: changes not committed are not in the clone.
+tree is clean, and which processes of the run outlived it (any process that carries the run's mark in its
+environment, EDGE_SUITEBENCH_RUN, or names the clone or the run's caches on its command line; they are killed and
+named). `--demo` then runs `make demo` in the same clone and checks the tree again. What is timed is HEAD as
+committed: changes not committed are not in the clone.
 
 The targets (#31): `make test` under `--target-min` (20) minutes in all and pytest under `--tests-target-min`
 (10). The exit code is 1 when the run fails, a target is missed, the tree is left dirty or a process outlived
@@ -47,28 +48,33 @@ def cpu_times() -> dict[str, float]:
 
 
 def parse_summary(lines: list[str]) -> dict[str, int | float]:
-    """pytest's last summary line (`752 passed, 1 skipped in 451.43s (0:07:31)`): its counts and seconds."""
+    """pytest's last summary line (`12 passed, 1 skipped in 3.50s`) among `lines`: its counts and seconds."""
     for line in reversed(lines):
         m = SUMMARY.search(line)
-        if m:
-            counts = {k.rstrip("s") if k.startswith(("error", "warning")) else k: int(n)
-                      for n, k in COUNT.findall(m.group("counts"))}
+        counts = {k.rstrip("s") if k.startswith(("error", "warning")) else k: int(n)
+                  for n, k in COUNT.findall(m.group("counts"))} if m else {}
+        if counts:
             return {**counts, "seconds": float(m.group("secs"))}
     return {}
 
 
-def leftovers(marks: list[str], own: set[int]) -> list[dict]:
-    """Live processes (not this one or its ancestors) whose command line names one of `marks`."""
-    found = []
+MARK = "EDGE_SUITEBENCH_RUN"
+
+
+def leftovers(run_id: str, marks: list[str], own: set[int]) -> list[dict]:
+    """Live processes (not this one or its ancestors) with `MARK=run_id` in their environment (every descendant of
+    the run that kept its environment) or whose command line names one of `marks`."""
+    found, tag = [], f"{MARK}={run_id}".encode()
     for p in Path("/proc").iterdir():
         if not p.name.isdigit() or int(p.name) in own:
             continue
         try:
             cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
             state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            env = (p / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError):
             continue
-        if cmd and state != "Z" and any(m in cmd for m in marks):
+        if state != "Z" and (tag in env or (cmd and any(m in cmd for m in marks))):
             found.append({"pid": int(p.name), "cmd": cmd[:200]})
     return found
 
@@ -86,9 +92,10 @@ def _ancestors() -> set[int]:
 
 def timed_make(target: str, clone: Path, env: dict, log) -> dict:
     """`make <target>` in the clone, its output copied to the log with a time stamp per line: wall seconds in
-    all, until pytest's command line appeared (the set-up) and after it, its exit code and its output lines."""
+    all, until pytest's command line appeared (the set-up) and after it, its exit code, pytest's summary (from the
+    lines after its command line) and the last lines. What make leaves running is for `leftovers` to find."""
     t0 = time.monotonic()
-    started = None
+    started, first = None, 0
     lines: list[str] = []
     proc = subprocess.Popen(["make", target], cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", start_new_session=True)
@@ -96,7 +103,7 @@ def timed_make(target: str, clone: Path, env: dict, log) -> dict:
         for line in proc.stdout:
             now = time.monotonic()
             if started is None and PYTEST_START.search(line):
-                started = now
+                started, first = now, len(lines)
             lines.append(line.rstrip("\n"))
             log.write(f"{now - t0:8.1f} {line}")
             log.flush()
@@ -105,9 +112,10 @@ def timed_make(target: str, clone: Path, env: dict, log) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
-    wall = time.monotonic() - t0
-    return {"rc": rc, "wall_s": round(wall, 1), "setup_s": round(started - t0, 1) if started else None,
-            "pytest_s": round(wall - (started - t0), 1) if started else None, "lines": lines}
+    wall = round(time.monotonic() - t0, 1)
+    setup = round(started - t0, 1) if started is not None else None
+    return {"rc": rc, "wall_s": wall, "setup_s": setup, "pytest_s": round(wall - setup, 1) if setup is not None
+            else None, "tests": parse_summary(lines[first:]) if started is not None else {}, "tail": lines[-5:]}
 
 
 def _tree(clone: Path) -> list[str]:
@@ -123,54 +131,61 @@ def _kill(procs: list[dict]) -> None:
             pass
 
 
+def clean_env(repo: Path) -> dict[str, str]:
+    """The environment of the clone's make: as a fresh shell has it. No outer make's flags (variables given to the
+    outer make on its command line still reach it, as make exports them), no bytecode switch (the Makefile
+    unexports it too), no virtual environment of the checkout's on PATH (the clone makes its own .venv from the
+    system's python3)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "MAKEFLAGS", "MAKELEVEL",
+                                                            "MFLAGS", "VIRTUAL_ENV")}
+    venv = Path(repo).resolve() / ".venv"
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and not Path(p).resolve().is_relative_to(venv))
+    return env
+
+
 def run(repo: Path, cold: bool, demo: bool, log_path: Path, keep: bool) -> dict:
+    """`make test` (then `make demo`) in a fresh clone of `repo`'s HEAD: the result's fields but the verdict."""
     from harness import probe
     host = probe.probe()
     work = Path(tempfile.mkdtemp(prefix="edge-suitebench-"))
     clone = work / "clone"
-    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True,
-                            check=True).stdout.strip()
-    # as a fresh shell has it: no outer make's flags, no bytecode switch (the Makefile unexports it too), no
-    # virtual environment of the checkout's on PATH (the clone makes its own .venv from the system's python3)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "MAKEFLAGS", "MAKELEVEL",
-                                                            "MFLAGS", "VIRTUAL_ENV")}
-    venv = str(Path(repo).resolve() / ".venv")
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(venv))
-    marks = [str(clone)]
-    if cold:
-        for var in CACHE_VARS:
-            d = work / "caches" / var.lower()
-            d.mkdir(parents=True)
-            env[var] = str(d)
-        marks.append(str(work / "caches"))
     own = _ancestors()
-    result: dict = {"commit": commit, "cold": cold, "host": probe.host_key(host), "cpu": probe.describe(host),
-                    "cpus": len(os.sched_getaffinity(0)), "loadavg_before": Path("/proc/loadavg").read_text().split()[:3],
-                    "log": str(log_path)}
+    env = {**clean_env(repo), MARK: str(work)}
+    marks = [str(clone)]
+    result: dict = {}
     try:
+        subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        if cold:
+            for var in CACHE_VARS:
+                d = work / "caches" / var.lower()
+                d.mkdir(parents=True)
+                env[var] = str(d)
+            marks.append(str(work / "caches"))
+        result = {"commit": commit, "cold": cold, "host": probe.host_key(host), "cpu": probe.describe(host),
+                  "cpus": len(os.sched_getaffinity(0)), "loadavg_before": Path("/proc/loadavg").read_text().split()[:3],
+                  "log": str(log_path)}
         with open(log_path, "w") as log:
             log.write(f"# make test in {clone} at {commit}, cold={cold}\n")
             c0 = cpu_times()
             t = timed_make("test", clone, env, log)
             c1 = cpu_times()
-            left = leftovers(marks, own)
+            left = leftovers(str(work), marks, own)
             _kill(left)
-            result.update({k: v for k, v in t.items() if k != "lines"})
-            result["tests"] = parse_summary(t["lines"])
+            result.update({k: v for k, v in t.items() if k != "tail" or t["rc"] != 0})
             result["cpu_s"] = {k: round(c1[k] - c0[k], 1) for k in c0}
             result["tree_after"] = _tree(clone)
             result["left_running"] = left
-            if t["rc"] != 0:
-                result["tail"] = t["lines"][-5:]
             if demo:
                 d = timed_make("demo", clone, env, log)
-                left = leftovers(marks, own)
+                left = leftovers(str(work), marks, own)
                 _kill(left)
                 result["demo"] = {"rc": d["rc"], "wall_s": d["wall_s"], "tree_after": _tree(clone),
-                                  "left_running": left, "last_line": next((x for x in reversed(d["lines"]) if x.strip()), "")}
+                                  "left_running": left, "last_line": next((x for x in reversed(d["tail"]) if x.strip()), "")}
     finally:
-        _kill(leftovers(marks, own))
+        _kill(leftovers(str(work), marks, own))
         if keep:
             result["kept"] = str(work)
         else:
@@ -206,8 +221,24 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("make") is None or shutil.which("git") is None:
         print("harness.suitebench: make and git are needed (fix: apt-get install make git)", file=sys.stderr)
         return 2
+    top = subprocess.run(["git", "-C", args.repo, "rev-parse", "--verify", "--show-toplevel", "HEAD"],
+                         capture_output=True, text=True)
+    if top.returncode != 0:
+        print(f"harness.suitebench: {args.repo}: --repo is not a git checkout with a commit "
+              f"({(top.stderr.strip().splitlines() or ['no HEAD'])[-1]}) (fix: name the project's checkout)",
+              file=sys.stderr)
+        return 2
+    for flag, value in (("--log", args.log), ("--out", args.out)):
+        if value and not Path(value).resolve().parent.is_dir():
+            print(f"harness.suitebench: {value}: {flag} names a file in a folder that does not exist "
+                  f"(fix: make {Path(value).resolve().parent} or name another file)", file=sys.stderr)
+            return 2
     log = Path(args.log) if args.log else Path(tempfile.gettempdir()) / f"edge-suitebench-{int(time.time())}.log"
-    result = run(Path(args.repo), not args.warm, args.demo, log, args.keep)
+    try:
+        result = run(Path(top.stdout.splitlines()[0]), not args.warm, args.demo, log, args.keep)
+    except KeyboardInterrupt:
+        print(f"harness.suitebench: interrupted; the run's output so far is in {log}", file=sys.stderr)
+        return 130
     result.update(verdict(result, args.target_min, args.tests_target_min))
     text = json.dumps(result, indent=1)
     print(text)
