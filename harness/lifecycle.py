@@ -87,23 +87,24 @@ def _stat(pid: int) -> tuple[str, int, int, int, str] | None:
         return None
 
 
-def tags_of(pid: int) -> list[str]:
+def tags_of(pid: int, mark: str = MARK) -> list[str]:
     """The marker's tags in a process's environment (as it was at exec); [] when unmarked, gone, a zombie, or
-    not readable (another user's)."""
+    not readable (another user's). `mark`: another variable read the same way (harness.suitebench's)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             data = f.read()
     except OSError:
         return []
-    if data.startswith(_MARK_B):
+    key = _MARK_B if mark == MARK else mark.encode() + b"="
+    if data.startswith(key):
         i = 0
     else:
-        i = data.find(b"\0" + _MARK_B)
+        i = data.find(b"\0" + key)
         if i < 0:
             return []
         i += 1
     j = data.find(b"\0", i)
-    value = data[i + len(_MARK_B):j if j >= 0 else len(data)]
+    value = data[i + len(key):j if j >= 0 else len(data)]
     return [t for t in value.decode(errors="replace").split(",") if t]
 
 
@@ -124,9 +125,9 @@ def _pids() -> Iterator[int]:
             yield int(n)
 
 
-def marked(match: Callable[[list[str]], bool]) -> list[int]:
-    """The live processes of this user whose tags satisfy `match`."""
-    return [p for p in _pids() if (t := tags_of(p)) and match(t)]
+def marked(match: Callable[[list[str]], bool], mark: str = MARK) -> list[int]:
+    """The live processes of this user whose tags (of `mark`) satisfy `match`."""
+    return [p for p in _pids() if (t := tags_of(p, mark)) and match(t)]
 
 
 def kill_marked(match: Callable[[list[str]], bool], group: int | None = None, session: int | None = None,

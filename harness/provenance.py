@@ -102,20 +102,26 @@ def loadavg_now() -> list[float] | str:
     return loadavg()
 
 
+def machine_cpu_seconds() -> list[float] | None:
+    """The whole machine's CPU seconds since boot by state, /proc/stat's first line: user, nice, system, idle,
+    iowait, irq, softirq, steal (0 for a field the kernel does not give); None where it is unreadable."""
+    hz = os.sysconf("SC_CLK_TCK")
+    try:
+        with open("/proc/stat") as f:
+            vals = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return [v / hz for v in vals] + [0.0] * (8 - len(vals)) if len(vals) >= 4 else None
+
+
 def cpu_accounting() -> dict:
     """Busy CPU seconds of the whole machine (/proc/stat) and of this process and its waited-for children."""
     import resource
-    hz = os.sysconf("SC_CLK_TCK")
     busy = steal = None
-    try:
-        with open("/proc/stat") as f:
-            parts = f.readline().split()[1:]
-        vals = [int(x) for x in parts]
-        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
-        busy = (sum(vals[:8]) - idle) / hz  # user..steal; guest time is already inside user
-        steal = vals[7] / hz if len(vals) > 7 else 0.0
-    except (OSError, ValueError, IndexError):
-        pass
+    vals = machine_cpu_seconds()
+    if vals is not None:
+        busy = sum(vals) - vals[3] - vals[4]  # user..steal less idle and iowait; guest time is already inside user
+        steal = vals[7]
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"machine_busy_s": busy, "steal_s": steal,
             "own_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}

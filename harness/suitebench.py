@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import lifecycle, provenance
 from harness.paths import PROJECT_ROOT
 
 CACHE_VARS = ("EDGE_HARNESS_CACHE", "PIP_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME")
@@ -39,12 +40,9 @@ COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|desele
 
 def cpu_times() -> dict[str, float]:
     """Seconds the machine's CPUs spent busy (user, nice, system, irq, softirq), idle (idle, iowait) and stolen,
-    since boot: the first line of /proc/stat."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    tick = os.sysconf("SC_CLK_TCK")
-    return {"busy": (user + nice + system + irq + softirq) / tick, "idle": (idle + iowait) / tick,
-            "steal": steal / tick}
+    since boot."""
+    user, nice, system, idle, iowait, irq, softirq, steal = provenance.machine_cpu_seconds()
+    return {"busy": user + nice + system + irq + softirq, "idle": idle + iowait, "steal": steal}
 
 
 def parse_summary(lines: list[str]) -> dict[str, int | float]:
@@ -64,17 +62,17 @@ MARK = "EDGE_SUITEBENCH_RUN"
 def leftovers(run_id: str, marks: list[str], own: set[int]) -> list[dict]:
     """Live processes (not this one or its ancestors) with `MARK=run_id` in their environment (every descendant of
     the run that kept its environment) or whose command line names one of `marks`."""
-    found, tag = [], f"{MARK}={run_id}".encode()
+    tagged = set(lifecycle.marked(lambda tags: run_id in tags, MARK))
+    found = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit() or int(p.name) in own:
             continue
         try:
             cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
             state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            env = (p / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError):
             continue
-        if state != "Z" and (tag in env or (cmd and any(m in cmd for m in marks))):
+        if state != "Z" and (int(p.name) in tagged or (cmd and any(m in cmd for m in marks))):
             found.append({"pid": int(p.name), "cmd": cmd[:200]})
     return found
 
