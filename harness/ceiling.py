@@ -164,7 +164,7 @@ def bandwidth_tier(host_key: str, store: Path | None = None, emulation: str | No
     most threads; None where it has none (with the command that measures one)."""
     from harness.store import Store
     root = Path(store or PROJECT_ROOT / "baselines")
-    from harness.check import load_accepted
+    from harness.check.accepted import load_accepted
     cals = [a for a in load_accepted(Store(root), "calibration")[0]
             if a.host.key == host_key and (a.host.emulation or None) == emulation]
     if not cals:

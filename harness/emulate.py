@@ -20,12 +20,12 @@ from typing import Any
 
 from harness import hardware
 from harness.errors import UserError
+from harness.rules import MEMORY_TOLERANCE  # the balloon is judged to hold the class's memory within it
 
 # torch's switches per x86 tier: (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, the capability torch then reports)
 TORCH_CAPS = {"baseline": ("default", "SSE41", "DEFAULT"), "avx2": ("avx2", "AVX2", "AVX2"),
               "avx512": ("avx512", "AVX512_CORE", "AVX512"), "avx512-bf16": ("avx512", "AVX512_CORE_BF16", "AVX512"),
               "amx": ("avx512", "AVX512_CORE_AMX", "AVX512")}
-MEMORY_TOLERANCE = 0.05  # the balloon is judged to hold the class's memory within 5% of it
 
 
 @dataclass

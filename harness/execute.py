@@ -154,7 +154,7 @@ def existing(store: Store, spec: grid.GridSpec, keys: set[str], new_series: bool
     """Artifacts the machine with these host keys already stored for this grid file (same sha256), by run key,
     and how many of other hosts the store holds. A series is (grid sha256, host key). The machine's artifacts of
     another version of the grid file, and none of this one, mean the file changed: refused unless new_series."""
-    from harness.check import accepted
+    from harness.check.accepted import accepted
     by_key: dict[str, list] = {}
     other_sha = set()
     other_hosts = 0
@@ -307,7 +307,7 @@ def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool =
 def execute(grid_path: str, executor: Executor, store_root: str | Path = "artifacts", new_series: bool = False,
             out=None) -> RunSummary:
     out = sys.stderr if out is None else out  # read at call time: a stream bound at import may be closed since
-    from harness.check import read_back_problems
+    from harness.check.content import read_back_problems
     from harness.engines import get_engine
     spec = grid.load(grid_path)
     for a in spec.arms:  # fail fast on a bad arm before any engine starts

@@ -19,171 +19,28 @@ import os
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness import documents, lifecycle, models, provenance
 from harness.artifact import Decoding, Execution, FidelityGridRef
-from harness.engines import ENGINES as ALL_ENGINES, get_engine
+from harness import grid
+from harness.engines import get_engine
+from harness.grid.fidelity import THRESHOLDS, Build, FidelityGrid, default_references  # noqa: F401
 from harness.errors import UserError
 from harness.paths import read_utf8, sha256_file
-from harness.check import reference_mismatch
+from harness.check.references import reference_mismatch
 from harness.store import Store, load_path
 
 # The engines with a fidelity mode (Engine.reference_form set), and each one's default reference form.
-DEFAULT_REFERENCES = {n: f for n in ALL_ENGINES if (f := get_engine(n).reference_form)}
+DEFAULT_REFERENCES = default_references()
 ENGINES = tuple(DEFAULT_REFERENCES)
-THRESHOLDS = {  # name -> (summary metric, direction)
-    "min_exact_match_rate": ("exact_match_rate", ">="),
-    "min_token_agreement": ("token_agreement", ">="),
-    "min_first_divergence": ("median_first_divergence", ">="),
-    "min_top1_agreement": ("top1_agreement", ">="),
-    "max_mean_kl": ("mean_kl", "<="),
-}
-TOP_FIELDS = {"kind", "name", "description", "model", "prompts", "gen_len", "top_k", "threads", "seed", "timeout_s",
-              "references", "builds", "thresholds", "cross_engine"}
-BUILD_FIELDS = {"name", "engine", "form", "path", "options", "thresholds"}
-
-
-@dataclass(frozen=True)
-class Build:
-    name: str
-    engine: str
-    form: str | None
-    path: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    thresholds: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class FidelityGrid:
-    path: str
-    sha256: str
-    name: str
-    description: str
-    model: str
-    prompts_path: Path
-    gen_len: int
-    top_k: int
-    threads: int
-    seed: int
-    timeout_s: float
-    references: dict[str, str]
-    builds: tuple[Build, ...]
-    thresholds: dict[str, float]
-    cross_engine: tuple[tuple[str, str], ...]
-    named_references: tuple[str, ...] = ()  # the engines whose reference form the grid names (others: defaults)
-
-
-def _err(path: str, fld: str, problem: str, fix: str = "") -> UserError:
-    return UserError(path, f"{fld}: {problem}", fix)
-
-
-def _thresholds(path: str, fld: str, raw: Any) -> dict[str, float]:
-    if not isinstance(raw, dict):
-        raise _err(path, fld, "must be a mapping of threshold name to number", f"known: {', '.join(THRESHOLDS)}")
-    out = {}
-    for k, v in raw.items():
-        if k not in THRESHOLDS:
-            raise _err(path, f"{fld}.{k}", "unknown threshold", f"known: {', '.join(THRESHOLDS)}")
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-            raise _err(path, f"{fld}.{k}", f"must be a number >= 0, got {v!r}")
-        out[k] = float(v)
-    return out
 
 
 def load_grid(path: str | Path) -> FidelityGrid:
-    from harness.grid import entries, grid_name, model_name, only_fields, read_yaml
-    p = Path(path)
-    doc, sha = read_yaml(p)
-    sp = str(path)
-    if not isinstance(doc, dict):
-        raise _err(sp, "(top level)", "must be a mapping", "see docs/harness.md, fidelity grids")
-    if doc.get("kind") != "fidelity":
-        raise _err(sp, "kind", f"is {doc.get('kind')!r}, not fidelity", "`harness fidelity` runs grids with kind: fidelity; "
-                   "use `harness run` for speed grids")
-    only_fields(sp, "", doc, TOP_FIELDS)
-    name = grid_name(sp, doc.get("name"))
-    model = doc.get("model")
-    if model is None:
-        raise _err(sp, "model", "is required", f"known: {', '.join(models.known_names())}, or {{name: NAME, gguf: PATH}}")
-    model = model_name(sp, "model", model)  # the zoo's, yours registered by `harness models add`, or yours by path
-    if models.is_synthetic(model):
-        raise _err(sp, "model", f"{model}: synthetic weights: speed only (random weights have no outputs to keep)",
-                   f"check fidelity on a real model: {', '.join(m for m in models.default_models() if m != 'tiny-llama')}")
-    for req in ("prompts", "gen_len", "threads", "thresholds", "builds"):
-        if req not in doc:
-            raise _err(sp, req, "is required and has no default", "see grids/fidelity.yaml")
-    prompts_path = (p.parent / str(doc["prompts"])).resolve()
-    if not prompts_path.is_file():
-        raise _err(sp, "prompts", f"no such prompt set {prompts_path}", "give a path relative to the grid file")
-    ints = {}
-    for k, lo, default in (("gen_len", 1, None), ("top_k", 1, 20), ("threads", 1, None), ("seed", 0, 0)):
-        v = doc.get(k, default)
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise _err(sp, k, f"must be an integer >= {lo}, got {v!r}")
-        ints[k] = v
-    refs = dict(DEFAULT_REFERENCES)
-    raw_refs = doc.get("references") or {}
-    if not isinstance(raw_refs, dict) or any(k not in ENGINES for k in raw_refs):
-        raise _err(sp, "references", f"must map an engine ({', '.join(ENGINES)}) to its reference form")
-    refs.update(raw_refs)
-    named = tuple(sorted(raw_refs))
-    thresholds = _thresholds(sp, "thresholds", doc["thresholds"])
-    builds = []
-    for f, b in entries(sp, "builds", doc["builds"], BUILD_FIELDS, "each build: {name, engine, form}"):
-        if b.get("engine") not in ENGINES:
-            raise _err(sp, f"{f}.engine", f"unknown engine {b.get('engine')!r}", f"known: {', '.join(ENGINES)}")
-        if not isinstance(b.get("name"), str) or not b["name"]:
-            raise _err(sp, f"{f}.name", "must be a non-empty string")
-        if ("form" in b) == ("path" in b):
-            raise _err(sp, f, "needs exactly one of form (a zoo form) or path (a GGUF file)")
-        bpath = None
-        eng = get_engine(b["engine"])
-        if "path" in b:
-            if not eng.accepts_file:
-                files = [n for n in ENGINES if get_engine(n).accepts_file]
-                raise _err(sp, f"{f}.path", f"a {b['engine']} build cannot be a file (only {', '.join(files)})",
-                           f"use form for {b['engine']}")
-            bpath = str((p.parent / str(b["path"])).resolve())
-        else:
-            if not str(b["form"]).startswith(eng.form_prefix):
-                raise _err(sp, f"{f}.form", f"{b['engine']} needs a {eng.form_prefix}* form, got {b['form']!r}")
-            if eng.isa_bound(b["form"]):  # a form whose kernels only some ISA tiers have: refused here, never run
-                from harness import hardware
-                why = eng.isa_refusal(b["form"], b.get("options") or {}, hardware.current_profile())
-                if why:
-                    raise _err(sp, f"{f}.form", why, "check this build on a host whose ISA tier has the kernel, or drop "
-                                                      "it (docs/quantization.md)")
-        opts = b.get("options") or {}
-        if not isinstance(opts, dict) or (set(opts) - eng.fidelity_options):
-            raise _err(sp, f"{f}.options", f"unknown option for {b['engine']}",
-                       f"known: {', '.join(sorted(eng.fidelity_options)) or 'none'}")
-        if "patches" in opts:
-            eng.validate_patches(sp, f"{f}.options.patches", opts["patches"])
-        opts = eng.fidelity_check_options(sp, f"{f}.options", opts)
-        builds.append(Build(name=b["name"], engine=b["engine"], form=b.get("form"), path=bpath, options=opts,
-                            thresholds={**thresholds, **_thresholds(sp, f"{f}.thresholds", b.get("thresholds") or {})}))
-    names = [b.name for b in builds]
-    if len(set(names)) != len(names):
-        raise _err(sp, "builds", f"build names must be unique, got {names}")
-    cross = []
-    for i, c in enumerate(doc.get("cross_engine") or []):
-        if not isinstance(c, dict) or c.get("build") not in names or c.get("against") not in ENGINES:
-            raise _err(sp, f"cross_engine[{i}]", "must be {build: <a build name>, against: <an engine>}",
-                       f"builds: {', '.join(names)}")
-        cross.append((c["build"], c["against"]))
-    used = {b.engine for b in builds} | {against for _, against in cross}
-    refs = {e: form for e, form in refs.items() if e in used}  # the references this grid's builds are scored on
-    timeout = doc.get("timeout_s", 900)
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise _err(sp, "timeout_s", f"must be a positive number of seconds, got {timeout!r}")
-    return FidelityGrid(path=sp, sha256=sha, name=name,
-                        description=str(doc.get("description", "")), model=model, prompts_path=prompts_path,
-                        gen_len=ints["gen_len"], top_k=ints["top_k"], threads=ints["threads"], seed=ints["seed"],
-                        timeout_s=float(timeout), references=refs, builds=tuple(builds), thresholds=thresholds,
-                        cross_engine=tuple(cross), named_references=named)
+    """A fidelity grid file, read and validated by the grid package's one loader."""
+    return grid.load(path, kind="fidelity")
 
 
 # ---- prompts ------------------------------------------------------------------------------------------

@@ -288,7 +288,7 @@ def measured_overhead(engine: Any, store: Path | None = None, host: str | None =
 
     from harness.store import Store
     root = Path(store or PROJECT_ROOT / "artifacts")
-    from harness.check import load_accepted
+    from harness.check.accepted import load_accepted
     arts = [a for a in load_accepted(Store(root), folders=("vllm-vs-llamacpp", "batch-sweep", "quickstart"))[0]
             if a.kind == "run" and a.status == "ok" and a.engine.name == engine.name and a.residency.peak_memory]
     rows: dict[str, list[int]] = {}

@@ -560,7 +560,7 @@ def fidelity_section(name: str, all_arts: list, newest: Newest, ceiling_grids: t
 
 def _span(arts: list) -> str:
     """The wall time from a series' first start to its last end, as the artifacts recorded them ("": unreadable)."""
-    from harness.check import _instant
+    from harness.check.consistency import instant as _instant
     try:
         first = min(_instant(a.timing.start) for a in arts)
         last = max(_instant(a.timing.end) for a in arts)

@@ -6,13 +6,13 @@ is balanced across passes (ABBA for two arms, a seeded Williams design for more)
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass, field
 from typing import Any
 from functools import lru_cache
 
 from harness.grid import Cell, GridSpec, arms_for, cell_id, expand
+from harness.rules import run_key
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,6 @@ class RunSpec:
     @property
     def run_key(self) -> str:
         return run_key(self.cell.id, self.arm, self.pass_index)
-
-
-def run_key(cell_id: str, arm: str, pass_index: int) -> str:
-    return hashlib.sha256(f"{cell_id}|{arm}|{pass_index}".encode()).hexdigest()[:16]
 
 
 def probe_keys(spec: GridSpec, run: RunSpec) -> dict[str, dict[str, str]]:

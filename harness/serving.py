@@ -35,7 +35,7 @@ LATE_SHARE = 0.05
 
 @dataclass(frozen=True)
 class Load:
-    """One cell's load (validated by harness/grid.py)."""
+    """One cell's load (validated by harness/grid/serving.py)."""
     requests: int
     concurrency: int | None = None
     rate: float | None = None

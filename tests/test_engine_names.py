@@ -71,7 +71,7 @@ def test_the_walk_fails_on_a_reintroduced_branch():
     # what is not a branch: a name in a message or a docstring
     assert not branches('raise ValueError("vllm failed")\n"""llama.cpp pads each context"""\n')
     # and the real tree, with one branch put back, fails
-    src = (ROOT / "check.py").read_text()
+    src = (ROOT / "check" / "__init__.py").read_text()
     assert branches(src + '\nif kind == "vllm":\n    pass\n')
 
 

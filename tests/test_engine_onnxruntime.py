@@ -184,4 +184,4 @@ def test_check_leaves_a_derived_forms_bytes_to_the_build_that_made_them():
     # machine's to vouch for; the zoo's own forms (from the wheel) are compared as before
     files = (("onnx-int4/model.onnx", "a" * 64), ("hf-w4a16/model.safetensors", "b" * 64), ("gguf-f32/m.gguf", "c" * 64),
              ("/abs/build.gguf", "d" * 64))
-    assert check._comparable(files) == (("gguf-f32/m.gguf", "c" * 64), ("/abs/build.gguf", "d" * 64))
+    assert check.comparable(files) == (("gguf-f32/m.gguf", "c" * 64), ("/abs/build.gguf", "d" * 64))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import artifact, check, emulate, grid, schedule
+from harness import artifact, check, emulate, grid, rules, schedule
 from harness.grid import cell_id
 from harness.schedule import run_key
 from harness.store import load_path
@@ -280,8 +280,10 @@ def test_problems_of_filters_parsed_artifacts(batched):
 
 @pytest.mark.parametrize("params", [{}, {"prompt_len": 128, "batch": 2, "form": "gguf-bf16"},
                                     {"hardware": "pi5", "threads": 4, "replicate": 1.5, "eager": True}])
-def test_what_check_restates_is_the_original(params):
-    """check restates three one-liners rather than import their modules (and yaml) into every check."""
+def test_what_check_judges_by_is_the_original(params):
+    """check reads the cell id, the run key and the memory tolerance from harness/rules.py, as the grid, the
+    schedule and emulation do (one definition each, without their modules' imports in every check)."""
+    assert check.cell_id is grid.cell_id is rules.cell_id and check.run_key is schedule.run_key is rules.run_key
     assert check.cell_id(params) == grid.cell_id(params)
     assert check.run_key(grid.cell_id(params), "arm", 3) == schedule.run_key(grid.cell_id(params), "arm", 3)
     assert check.MEMORY_TOLERANCE == emulate.MEMORY_TOLERANCE

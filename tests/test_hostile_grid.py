@@ -207,7 +207,7 @@ def test_a_billion_passes_refused_fast_with_the_numbers(tmp_path, cli):
 
 
 def test_two_million_runs_refused_before_expansion(monkeypatch):
-    monkeypatch.setattr(grid, "expand", lambda spec: pytest.fail("expanded"))
+    monkeypatch.setattr(grid.cells, "expand", lambda spec: pytest.fail("expanded"))
     with pytest.raises(UserError) as e:
         _spec(passes=1, axes={"prompt_len": list(range(1, 1001)), "gen_len": list(range(1, 1001))})
     msg = str(e.value)
@@ -215,7 +215,7 @@ def test_two_million_runs_refused_before_expansion(monkeypatch):
 
 
 def test_too_many_cells_refused_before_expansion(monkeypatch):
-    monkeypatch.setattr(grid, "expand", lambda spec: pytest.fail("expanded"))
+    monkeypatch.setattr(grid.cells, "expand", lambda spec: pytest.fail("expanded"))
     with pytest.raises(UserError, match=r"axes: 200 gen_len x 100 prompt_len = 20,000 cells, more than the 10,000"):
         _spec(passes=1, arms=[{"name": "a", "engine": "command", "options": {"cmd": "true"}}],
               axes={"prompt_len": list(range(1, 101)), "gen_len": list(range(1, 201))})

@@ -210,7 +210,7 @@ def measured_costs(root: Path | None = None, host_key: str | None = None) -> dic
     from harness.provenance import current_host_key
     from harness.store import Store
     host_key = host_key or current_host_key()
-    from harness.check import load_accepted
+    from harness.check.accepted import load_accepted
     arts = load_accepted(Store(Path(root or PROJECT_ROOT / "artifacts")), COST_GRID)[0]
     ok = [a for a in arts if a.status == "ok" and a.kind == "run" and a.host.key == host_key]
     if not ok:

@@ -1,0 +1,134 @@
+"""A server grid's load (workload.load: a closed loop of concurrency, an open loop at a rate, or a rate sweep)
+and its latency bounds (workload.slo); docs/serving.md. A load needs server engines and they need a load."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from harness.engines import engine_class
+from harness.grid.spec import (LOAD_AXES, LOAD_FIELDS, MAX_LOAD_REQUESTS, MAX_RATE, SLO_FIELDS, GridSpec, err, integer,
+                               short)
+
+
+def parse_rate(path: str, fld: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= MAX_RATE:
+        raise err(path, fld, f"must be a number of requests per second in (0, {MAX_RATE:g}], got {short(v)}")
+    return v
+
+
+def parse_load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """workload.load: (the grid's load fields, the cell parameters it fixes: concurrency and rate off the axes)."""
+    on_axes = [k for k in LOAD_AXES if k in axes]
+    if raw is None:
+        if on_axes:
+            raise err(path, f"axes.{on_axes[0]}", "a load axis needs workload.load",
+                      "add workload.load: {requests: N} (docs/serving.md)")
+        return None, {}
+    if not isinstance(raw, dict):
+        raise err(path, "workload.load", f"must be a mapping, got {short(raw)}",
+                  "e.g. {concurrency: 2, requests: 16} or {rate: 4, arrival: poisson, requests: 32}")
+    for k in raw:
+        if k not in LOAD_FIELDS:
+            raise err(path, f"workload.load.{k}", "unknown field", f"allowed: {', '.join(sorted(LOAD_FIELDS))}")
+    if "requests" not in raw:
+        raise err(path, "workload.load.requests", "is required", "set how many measured requests a repetition sends")
+    out: dict[str, Any] = {"requests": integer(path, "workload.load.requests", raw["requests"])}
+    if out["requests"] > MAX_LOAD_REQUESTS:
+        raise err(path, "workload.load.requests", f"{out['requests']:,} is more than {MAX_LOAD_REQUESTS:,}")
+    cells: dict[str, Any] = {}
+    if "concurrency" in raw:
+        cells["concurrency"] = integer(path, "workload.load.concurrency", raw["concurrency"])
+    if raw.get("rate") == "sweep":
+        from harness import sweep
+        clash = (["workload.load.concurrency"] if "concurrency" in raw else []) + [f"axes.{k}" for k in on_axes]
+        if clash:
+            raise err(path, clash[0], "cannot be set beside rate: sweep (its points are one request at a time, "
+                      "every request at once, and rates between)", "drop it, or list rates as axes.rate instead")
+        n = raw.get("points", sweep.DEFAULT_POINTS)
+        if isinstance(n, bool) or not isinstance(n, int) or not sweep.MIN_POINTS <= n <= sweep.MAX_POINTS:
+            raise err(path, "workload.load.points", f"must be an integer in [{sweep.MIN_POINTS}, {sweep.MAX_POINTS}], "
+                      f"got {short(n)}", "the sweep's points: sync, max and the rates between them")
+        out["points"] = n
+        on_axes = ["rate"]
+    elif "points" in raw:
+        raise err(path, "workload.load.points", "applies to rate: sweep", "set rate: sweep, or drop points")
+    elif "rate" in raw:
+        cells["rate"] = parse_rate(path, "workload.load.rate", raw["rate"])
+    for k in on_axes:
+        if k in cells:
+            raise err(path, f"workload.load.{k}", "is also an axis", f"set {k} in one place")
+    if not cells and not on_axes:
+        raise err(path, "workload.load", "names neither concurrency nor rate",
+                  "add concurrency: N (a closed loop) or rate: R (requests/s, an open loop)")
+    arrival = raw.get("arrival", "poisson")
+    from harness.serving import ARRIVALS
+    if arrival not in ARRIVALS:
+        raise err(path, "workload.load.arrival", f"unknown arrival {short(arrival)}", f"allowed: {', '.join(ARRIVALS)}")
+    b = raw.get("burstiness", 1.0)
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or not 0 < b <= 100:
+        raise err(path, "workload.load.burstiness", f"must be a number in (0, 100], got {short(b)}")
+    if b != 1.0 and arrival != "gamma":
+        raise err(path, "workload.load.burstiness", f"applies to arrival: gamma, not {arrival}", "set arrival: gamma")
+    if "rate" not in cells and "rate" not in on_axes and ("arrival" in raw or "seed" in raw):
+        raise err(path, "workload.load.arrival" if "arrival" in raw else "workload.load.seed",
+                  "applies to a rate (an open loop)", "add rate: R, or drop it")
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise err(path, "workload.load.seed", f"must be an integer, got {short(seed)}")
+    e = raw.get("errors_allowed", 0.0)
+    if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 <= e < 1:
+        raise err(path, "workload.load.errors_allowed", f"must be a share in [0, 1), got {short(e)}")
+    out |= {"arrival": arrival, "burstiness": float(b), "seed": seed, "errors_allowed": float(e)}
+    return out, cells
+
+
+def parse_slo(path: str, raw: Any, load: dict | None) -> dict[str, float] | None:
+    if raw is None:
+        return None
+    if load is None:
+        raise err(path, "workload.slo", "applies to a load", "add workload.load (docs/serving.md)")
+    if not isinstance(raw, dict) or not raw:
+        raise err(path, "workload.slo", f"must be a mapping of bounds, got {short(raw)}",
+                  f"e.g. {{ttft_s: 1.0, tpot_s: 0.1}} (fields: {', '.join(SLO_FIELDS)})")
+    for k, v in raw.items():
+        if k == "share":
+            if "points" not in load:
+                raise err(path, "workload.slo.share", "applies to a rate sweep (the share of a run's requests "
+                          "within every bound for the run to meet the slo)", "set workload.load.rate: sweep, or drop it")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise err(path, "workload.slo.share", f"must be a share in (0, 1], got {short(v)}")
+            continue
+        if k not in SLO_FIELDS:
+            raise err(path, f"workload.slo.{k}", "unknown field", f"allowed: {', '.join(SLO_FIELDS)}, share")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise err(path, f"workload.slo.{k}", f"must be a positive number of seconds, got {short(v)}")
+    if not any(k in SLO_FIELDS for k in raw):
+        raise err(path, "workload.slo", "gives a share and no bound", f"add a bound ({', '.join(SLO_FIELDS)})")
+    return {k: float(v) for k, v in raw.items()}
+
+
+def validate_load(spec: GridSpec) -> None:
+    """A load needs server engines and server engines need a load; a server is sent requests, not batches."""
+    serves = {a.name: getattr(engine_class(a.engine), "serves", False) for a in spec.arms}
+    if spec.load is not None:
+        other = [n for n, s in serves.items() if not s]
+        if other:
+            raise err(spec.path, f"arms[{other[0]}].engine", f"{spec.arm(other[0]).engine} runs no load "
+                      "(workload.load is for server engines)", "use llama-server or openai, or drop workload.load")
+        bench = [a.name for a in spec.arms if a.options.get("client") == "vllm-bench"]
+        if bench and spec.load["arrival"] == "constant":
+            raise err(spec.path, "workload.load.arrival", f"constant arrivals cannot be sent by vllm bench serve "
+                      f"(arm {bench[0]!r}'s options.client)", "use arrival: poisson or gamma, or client: harness")
+        conc = spec.axes.get("concurrency") or [spec.fixed.get("concurrency", 1)]
+        if max(conc) > spec.load["requests"]:
+            raise err(spec.path, "workload.load.requests", f"{spec.load['requests']} requests cannot keep "
+                      f"{max(conc)} in flight", f"send at least {max(conc)} requests a repetition")
+        if "batch" in spec.axes or spec.fixed.get("batch", 1) != 1:
+            raise err(spec.path, "workload.batch", "a server engine takes a load, not a batch",
+                      "drop batch; set workload.load.concurrency")
+    else:
+        srv = [n for n, s in serves.items() if s]
+        if srv:
+            raise err(spec.path, "workload.load", f"is required: arm {srv[0]!r} runs a server engine",
+                      "add workload.load: {concurrency: N, requests: M} (docs/serving.md)")

@@ -1,0 +1,191 @@
+"""A grid's types and limits: the arms, cells and spec a grid file becomes, the fields it may hold, and the
+small field readers every part of the grid package shares (each refusal names the file, the field and the fix)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import UserError
+# a grid or arm name becomes a path component (store folders, plots): the one rule of harness/paths.py
+from harness.paths import MAX_NAME_BYTES, name_problem  # noqa: F401  (re-exported to the grid package)
+from harness.rules import cell_id  # noqa: F401  (a cell's id: one definition, shared with `harness check`)
+
+WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
+# replicate: a label only (repeats of one cell, e.g. for A/A calibration); batch: concurrent requests
+AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form", "replicate", "hardware", "model",
+              "concurrency", "rate")
+# hardware: a class of grids/hardware/ to emulate, or native; model: models of the zoo (the grid's `model` is then
+# the first, and a run's model is its cell's)
+STRING_AXES = ("form", "hardware", "model")
+ORDERS = ("interleaved", "sequential", "random")
+# how `harness run --executor ray` places passes on a fleet (docs/fleet.md): spread divides the passes among the
+# machines of each host class; all runs every pass on every machine (a hardware comparison). One machine: the same.
+HOSTS = ("spread", "all")
+TOP_FIELDS = {"kind", "name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
+              "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads", "primary", "hosts",
+              "report"}
+PRIMARY_FIELDS = {"metrics", "arms", "cells"}
+ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa", "observe", "observe_only",
+              "hardware"}
+OBSERVE = ("full", "bare")
+NUMERIC_AXES = tuple(a for a in AXIS_NAMES if a not in STRING_AXES)
+# A server engine's load (harness/serving.py, docs/serving.md): workload.load and workload.slo; concurrency and
+# rate are cell parameters (fixed there, or axes), the rest of the load is the grid's
+LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed", "points"}
+LOAD_AXES = ("concurrency", "rate")
+SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")  # bounds in seconds; `share` (a sweep's capacity rule) is apart
+MAX_LOAD_REQUESTS = 100_000
+MAX_RATE = 10_000.0
+
+# What a grid file may be, checked before and while it is read (hostile or broken input is refused, never a hang):
+MAX_GRID_BYTES = 1 << 20  # the file itself (the largest committed grid is under 3 KB)
+MAX_DEPTH = 32  # nesting of mappings and lists, aliases expanded (a grid needs about 5)
+MAX_ALIASES = 100  # *alias uses (the committed grids use none; a few share options between arms)
+MAX_NODES = 100_000  # values in the document once aliases are expanded (an alias bomb expands to billions)
+# What a grid may ask, checked before it is expanded:
+MAX_RUNS = 100_000  # cells x arms x passes; at seconds a run, more is weeks of machine time
+MAX_CELLS = 10_000  # the product of the axes (expanding is what takes a plan's time: each cell is a mapping)
+MAX_ARMS = 64  # arms of one grid (each pass's order is a Williams design over them, n x n)
+MAX_RULES = 200  # entries of include, of exclude and of primary.cells
+MAX_RULE_CHECKS = 1_000_000  # rules x cells x arms: each rule is matched against every cell (and arm)
+MAX_TIMEOUT_S = 7 * 86400  # a run's timeout_s: a week
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+WHY_NO_DEFAULTS = "each of prompt_len, context_len, gen_len has produced a wrong conclusion when left at a default"
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    engine: str
+    form: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    patches: Any = None
+    cpus: list[int] | None = None
+    numa: int | None = None
+    # full: the harness's memory poller runs during the run and residency is scanned around it; bare: neither
+    # (to measure what observing costs; the artifact then has no residency or peak memory)
+    observe: str = "full"
+    # settings recorded as read back but not enforced by `harness check` (names of base.SETTINGS or options.KEY)
+    observe_only: tuple[str, ...] = ()
+    # a hardware class (grids/hardware/NAME.yaml) this arm runs under, emulated (harness/emulate.py); None: native
+    hardware: str | None = None
+
+
+@dataclass(frozen=True)
+class Cell:
+    id: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    path: str
+    sha256: str
+    name: str
+    description: str
+    model: str
+    arms: tuple[Arm, ...]
+    axes: dict[str, list[Any]]
+    fixed: dict[str, Any]
+    include: tuple[dict, ...]
+    exclude: tuple[dict, ...]
+    passes: int
+    repetitions: int
+    warmups: int
+    order: str
+    seed: int
+    baseline: str
+    timeout_s: float
+    primary: dict[str, Any] | None = None  # the declared primary comparisons: the family given verdicts
+    hosts: str = "spread"  # fleet placement of passes (HOSTS)
+    load: dict[str, Any] | None = None  # a server grid's load, less what cells carry (LOAD_AXES); None: no load
+    slo: dict[str, float] | None = None  # latency bounds of goodput (SLO_FIELDS)
+
+    def load_of(self, params: dict, resolved: dict | None = None) -> Any:
+        """The load of a cell (harness/serving.py Load). A rate sweep's point (harness/sweep.py) takes its rate
+        from `resolved` (sweep.resolve, at the run's start); its probes are closed loops of 1 and of every request."""
+        from harness import sweep
+        from harness.serving import Load
+        d = self.load or {}
+        conc, rate, point = params.get("concurrency"), params.get("rate"), None
+        if sweep.is_point(rate):
+            point = {"point": rate}
+            if rate in (sweep.SYNC, sweep.MAX):
+                conc = 1 if rate == sweep.SYNC else d["requests"]
+                rate = None
+            else:
+                point = resolved or {"point": rate, "error": "not resolved: the run was not started by the grid's "
+                                     "execution loop, which resolves a sweep's rates (harness/sweep.py)"}
+                rate = point.get("rate_req_s")
+        return Load(requests=d["requests"], concurrency=conc, rate=rate, arrival=d.get("arrival", "poisson"),
+                    burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0), sweep=point)
+
+    @property
+    def load_errors_allowed(self) -> float:
+        """The share of a run's requests that may fail (error, timeout) before the run does."""
+        return float((self.load or {}).get("errors_allowed", 0.0))
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+
+def err(path: str, fld: str, problem: str, fix: str = "") -> UserError:
+    return UserError(path, f"{fld}: {problem}", fix)
+
+
+def short(v: Any, n: int = 60) -> str:
+    """repr of a value for a one-line message, cut to n characters."""
+    r = repr(v)
+    return r if len(r) <= n else r[:n - 3] + "..."
+
+
+def integer(path: str, fld: str, v: Any, lo: int = 1) -> int:
+    """An integer >= lo; YAML's true/false (Python bools, an int subclass), floats and strings refused."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise err(path, fld, f"must be an integer >= {lo}, got {short(v)}")
+    return v
+
+
+def opt(m: dict, key: str, default: Any) -> Any:
+    """m[key], or the default when it is absent or null (a wrong-typed value is returned, to be refused)."""
+    v = m.get(key)
+    return default if v is None else v
+
+
+def model_of(spec: GridSpec, params: dict) -> str:
+    """The model a cell runs: its model axis value, else the grid's model."""
+    return params.get("model") or spec.model
+
+
+def hardware_of(arm: Arm, params: dict) -> str | None:
+    """The hardware class a run emulates: the cell's hardware axis, else the arm's; native is None."""
+    hw = params.get("hardware") or arm.hardware
+    return None if hw in (None, "native") else hw
+
+
+def machine_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity): a native run's threads and an arm's cpus must fit."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS)
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """CPU numbers as ranges: 0-3,8."""
+    out: list[str] = []
+    for c in sorted(set(cpus)):
+        if out and "-" in out[-1] and int(out[-1].split("-")[1]) == c - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        elif out and "-" not in out[-1] and int(out[-1]) == c - 1:
+            out[-1] = f"{out[-1]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
