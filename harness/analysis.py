@@ -1,5 +1,5 @@
 """Analysis of a store: series selection (per host), pairing by pass, the family of comparisons, the
-statistics, fidelity gates and between-series spread. Returns typed rows; harness/report.py only formats.
+statistics, fidelity gates and between-series spread. Returns typed rows; harness/report/ only formats.
 
 A series is (grid sha256, host key). Runs are paired by (cell, arm, pass) inside one series only.
 """
@@ -32,7 +32,7 @@ def machine_key(a) -> str:
 
 def _by_identity(table: dict, obj: Any, fn: Any) -> Any:
     """fn(obj), computed once per object while `table` holds it (the object is kept beside its value, so its id
-    is not reused): artifacts share their engine and model records (report._share)."""
+    is not reused): artifacts share their engine and model records (harness/report/inputs.py _share)."""
     hit = table.get(id(obj))
     if hit is not None and hit[0] is obj:
         return hit[1]

@@ -1,7 +1,7 @@
 """Targets a grid's file declares (`report: {targets: [...]}`, harness/views.py), checked from the store by an
 interval, never by hand: each target arm against the reference arm, paired by pass in each cell (a family of the
 target's arms the series measured), and, for decode, the upper bounds of what removing the time outside the
-forward (or everything but the linear kernel) could give. Typed rows; the report words them (report.py)."""
+forward (or everything but the linear kernel) could give. Typed rows; the report words them (harness/report/)."""
 
 from __future__ import annotations
 

@@ -126,8 +126,8 @@ def test_report_is_the_same_with_and_without_the_cache(env, monkeypatch):
         m.setattr(check, "CACHE_FROM", 10**9)
         want = report.build_all([str(env)])[2]["left_out"], report.render([str(env)])
     loads: list[Path] = []
-    real = report.load_path
-    monkeypatch.setattr(report, "load_path", lambda p, **kw: loads.append(p) or real(p, **kw))
+    real = report.inputs.load_path
+    monkeypatch.setattr(report.inputs, "load_path", lambda p, **kw: loads.append(p) or real(p, **kw))
     cold = report.build_all([str(env)])[2]["left_out"], report.render([str(env)])
     n_cold = len(loads)
     warm = report.build_all([str(env)])[2]["left_out"], report.render([str(env)])

@@ -22,7 +22,7 @@ def test_results_md_and_readme_figures_are_up_to_date(cli, monkeypatch):
 
 
 def test_a_readme_figure_that_differs_from_the_store_fails(cli, tmp_path, monkeypatch):
-    from harness.report import README_BEGIN
+    from harness.report.readme import README_BEGIN
     monkeypatch.chdir(PROJECT_ROOT)
     text = Path("README.md").read_text()
     block = text.split(README_BEGIN)[1]

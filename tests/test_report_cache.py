@@ -1,4 +1,4 @@
-"""The report's caches of what the stores' files parsed to (report._load_accepted, hashcache.PickleCache): the
+"""The report's caches of what the stores' files parsed to (report.inputs._load_accepted, hashcache.PickleCache): the
 same report with and without them, cold and warm, after an artifact is added, removed or replaced, and with the
 cache damaged, truncated or planted (never trusted: ignored, rebuilt, nothing in it run)."""
 
@@ -31,8 +31,8 @@ def _uncached(root: Path, monkeypatch) -> str:
 def _reads(monkeypatch) -> list[str]:
     """Every store file read or parsed from here on (verified, or parsed after its verdict was found)."""
     calls: list[str] = []
-    real_load, real_read, real_parse = report.load_path, store.read_if_unchanged, artifact.parse
-    monkeypatch.setattr(report, "load_path", lambda p, **kw: calls.append(str(p)) or real_load(p, **kw))
+    real_load, real_read, real_parse = report.inputs.load_path, store.read_if_unchanged, artifact.parse
+    monkeypatch.setattr(report.inputs, "load_path", lambda p, **kw: calls.append(str(p)) or real_load(p, **kw))
     monkeypatch.setattr(store, "read_if_unchanged", lambda p, st: calls.append(str(p)) or real_read(p, st))
     monkeypatch.setattr(artifact, "parse", lambda doc, where: calls.append(where) or real_parse(doc, where))
     return calls
@@ -56,13 +56,13 @@ def test_warm_report_reads_no_file_and_equals_cold(env, monkeypatch, no_output_m
     calls = _reads(monkeypatch)
     warm = report.render([str(env)])
     assert cold == want and warm == want
-    # the fidelity references are read through their fidelity artifacts (harness/report.py collect), never here
+    # the fidelity references are read through their fidelity artifacts (harness/report/inputs.py collect), never here
     assert calls == []
 
 
 def test_warm_artifacts_share_their_records(env):
     report.render([str(env)])
-    ok, _ = report._load_accepted(env, [p for p in store.Store(env).iter_paths() if p.parent.name == "decode-compiled"])
+    ok, _ = report.inputs._load_accepted(env, [p for p in store.Store(env).iter_paths() if p.parent.name == "decode-compiled"])
     assert len(ok) > 10 and len({id(a.harness) for a in ok}) < len(ok)  # shared within each shard
     assert all(type(a) is artifact.RunArtifact for a in ok)
 
@@ -145,7 +145,7 @@ def test_the_rendered_report_is_read_back_for_the_same_inputs_only(env, monkeypa
     # another template folder: an edited template renders again
     templates = tmp_path / "templates"
     shutil.copytree(report.TEMPLATES, templates)
-    monkeypatch.setattr(report, "TEMPLATES", templates)
+    monkeypatch.setattr(report.jinja, "TEMPLATES", templates)
     index = want[0]["results.md"]
     assert report.build_all([str(env)])[0]["results.md"] == index
     (templates / "results.md.j2").write_text((templates / "results.md.j2").read_text() + "edited\n")

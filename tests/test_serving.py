@@ -274,9 +274,9 @@ def test_a_goodput_of_zero_gives_no_ratio_and_no_p_value_not_nan():
     """0 / 0 (every request missed the SLO in both arms) has no ratio: the page says so, it prints no 'nan'."""
     from harness import report, stats
     c = stats.compare([0.0, 0.0, 0.0], [0.0, 0.5, 0.0])
-    text = report._ratio_text(c)
+    text = report.sections._ratio_text(c)
     assert text.startswith("no ratio") and "nan" not in text
-    assert report._ratio_text(stats.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])) .startswith("1.000")
+    assert report.sections._ratio_text(stats.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])) .startswith("1.000")
 
 
 def test_vllm_bench_client_gets_one_connection_per_request():
@@ -406,6 +406,6 @@ def test_the_crosscheck_page_puts_vllms_printed_medians_beside_the_harnesss():
     assert (bench.arm, bench.client, ours.client, bench.n) == ("bench", "vllm-bench", "harness", 3)
     assert bench.printed == {"ttft_p50_s": pytest.approx(0.201), "itl_all_p50_s": pytest.approx(0.02)}  # "n/a" left out
     assert ours.printed == {} and ours.ours["ttft_p50_s"] == pytest.approx(0.11) and "tpot_p50_s" not in ours.ours
-    rows = report._tools(series)
+    rows = report.sections._tools(series)
     assert rows[0]["ttft_p50_s_printed"] == "201" and rows[1]["ttft_p50_s"] == "110" and rows[1]["tpot_p50_s"] == ""
     assert analysis.tool_medians(series[:3]) == []  # no vllm-bench arm: no such table
