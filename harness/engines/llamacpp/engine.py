@@ -64,6 +64,7 @@ class LlamaCpp(Engine):
     summary_reference = "gguf-f32"  # the summary's yardstick: llama.cpp on full-precision weights
     default_form = "gguf-f32"
     form_prefix = "gguf-"
+    gguf_toolchain = "harness.engines.llamacpp.build"  # capability: the zoo's GGUF converter and quantizer
     form_hint = "use gguf-f32, gguf-bf16, gguf-q8_0 ..."
     Options = LlamaCppOptions
     honours = frozenset({"prompt_len", "gen_len", "context_len", "batch", "warmups", "repetitions"})

@@ -78,6 +78,7 @@ class OnnxRuntimeGenAi(WorkerEngine):
     prompt_counted = "the generator held"
     default_form = "onnx-fp32"
     form_prefix = "onnx-"
+    form_maker = "harness.engines.onnxruntime.forms"  # capability: its builder derives the onnx-* forms
     form_hint = f"onnxruntime-genai {PIN} loads {', '.join(FORMS)} (made from the model's hf-fp32)"
     Options = Options  # threads only: nothing else is both settable and readable back
     honours = frozenset({"prompt_len", "gen_len", "context_len", "warmups", "repetitions"})
