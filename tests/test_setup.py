@@ -9,6 +9,7 @@ import pytest
 
 from harness import models
 from harness.engines.llamacpp import build as llamacpp_build
+from harness.engines.llamacpp import tools as llamacpp_tools
 from harness.errors import UserError
 
 
@@ -216,8 +217,8 @@ def test_tools_compile_side_by_side_each_for_the_build_in_use(monkeypatch):
         seen.append((name, llamacpp_build._VARIANT.get()))
         return name
 
-    monkeypatch.setattr(llamacpp_build, "tool", fake_tool)
-    monkeypatch.setattr(llamacpp_build.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(llamacpp_tools, "tool", fake_tool)
+    monkeypatch.setattr(llamacpp_tools.os, "cpu_count", lambda: 2)
     with llamacpp_build.variant("avx2"):
-        assert llamacpp_build.tools(("edge-bench", "edge-fidelity")) == ["edge-bench", "edge-fidelity"]
+        assert llamacpp_tools.tools(("edge-bench", "edge-fidelity")) == ["edge-bench", "edge-fidelity"]
     assert sorted(seen) == [("edge-bench", "avx2"), ("edge-fidelity", "avx2")]

@@ -26,14 +26,13 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, model_validator
-
 from harness.errors import UserError
 from harness.paths import cache_root, downloads_dir, sha256_file
+from harness.engines.llamacpp.usertree import (PINNED, SKIP_IN_TREE, BuildOption, UserBuild,  # noqa: F401
+                                              check_user_build, git_state, tree_sha256)
 
 SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
@@ -88,42 +87,6 @@ _SERVER: contextvars.ContextVar[bool] = contextvars.ContextVar("llamacpp_server_
 _VARIANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("llamacpp_isa_variant", default=None)
 
 
-@dataclass(frozen=True)
-class UserBuild:
-    """A user's llama.cpp: a source tree to build (with extra cmake flags), or a folder of prebuilt binaries."""
-    source: Path | None = None
-    bin: Path | None = None
-    flags: tuple[str, ...] = ()
-
-    @property
-    def label(self) -> str:
-        return f"source {self.source}" + (f" flags {' '.join(self.flags)}" if self.flags else "") if self.source \
-            else f"bin {self.bin}"
-
-
-PINNED = "pinned"  # `source: pinned`: the pinned build's own tree, so that a grid can vary its flags alone
-
-
-class BuildOption(BaseModel):
-    """An arm's `options.build`: exactly one of source (a llama.cpp tree, or `pinned`) or bin (prebuilt
-    binaries); paths relative to the grid file's folder, `~` expanded; flags: extra cmake flags for a source
-    build."""
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    source: str | None = None
-    bin: str | None = None
-    flags: tuple[str, ...] = ()
-
-    @model_validator(mode="after")
-    def _one(self) -> "BuildOption":
-        if (self.source is None) == (self.bin is None):
-            raise ValueError("give exactly one of source: DIR and bin: DIR")
-        if self.bin is not None and self.flags:
-            raise ValueError("flags apply to a source build only")
-        if any(not f.startswith("-D") for f in self.flags):
-            raise ValueError("each flag is a cmake -DNAME=VALUE")
-        return self
-
-
 def user_build_of(grid_path: str, opt: "BuildOption | None") -> UserBuild | None:
     """The arm's build, its paths resolved against the grid file's folder."""
     if opt is None:
@@ -140,7 +103,6 @@ def user_build_of(grid_path: str, opt: "BuildOption | None") -> UserBuild | None
 
 
 _USER: contextvars.ContextVar[UserBuild | None] = contextvars.ContextVar("llamacpp_user_build", default=None)
-SKIP_IN_TREE = {".git", "__pycache__"}  # what a tree's hash and the build's copy leave out (and build* folders)
 
 
 @contextlib.contextmanager
@@ -151,69 +113,6 @@ def user_build(ub: UserBuild | None):
         yield
     finally:
         _USER.reset(token)
-
-
-def _tree_files(root: Path) -> list[Path]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):  # links to folders are not followed
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_IN_TREE and not d.startswith("build"))
-        out += [Path(dirpath) / f for f in sorted(filenames) if f not in SKIP_IN_TREE]
-    return out
-
-
-@lru_cache(maxsize=8)
-def _tree_sha256(root: str, _stamp: tuple) -> str:
-    from harness.hashcache import HashCache
-    cache = HashCache.default()
-    h = hashlib.sha256()
-    for p in _tree_files(Path(root)):
-        rel = str(p.relative_to(root))
-        digest = ("link:" + os.readlink(p)) if p.is_symlink() else cache.sha256(p)
-        h.update(f"{rel}\0{digest}\n".encode())
-    cache.save()
-    return h.hexdigest()
-
-
-def tree_sha256(root: Path) -> str:
-    """The content of a source tree: every file's path and sha256 (a link's target, not followed), without
-    .git and build folders. Memoised per process by the files' (path, size, mtime) list."""
-    files = _tree_files(root)
-    stamp = tuple((str(p), p.lstat().st_size, p.lstat().st_mtime_ns) for p in files)
-    return _tree_sha256(str(root), stamp)
-
-
-def git_state(root: Path) -> dict:
-    """The tree's git commit and dirty state, if it is a git repository."""
-    git = shutil.which("git")
-    dotgit = root / ".git"
-    if dotgit.is_file():  # a submodule's link (`gitdir: ...`): a repository only where the folder it names is
-        target = dotgit.read_text(errors="replace").partition("gitdir:")[2].strip()
-        if not target or not (root / target).is_dir():
-            return {"git": "not a git repository (its .git links to a folder that is not here)"}
-    if not git or not dotgit.exists():
-        return {"git": "not a git repository"}
-    head = subprocess.run([git, "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
-    status = subprocess.run([git, "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                            capture_output=True, text=True)
-    if head.returncode != 0:
-        return {"git": f"unreadable: {(head.stderr.strip().splitlines() or ['?'])[-1]}"}
-    return {"git_commit": head.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
-
-
-def check_user_build(ub: UserBuild, where: str) -> None:
-    """A user build's folder is what it says: refused in one line otherwise."""
-    if ub.source is not None:
-        if not ub.source.is_dir():
-            raise UserError(where, f"build.source: {ub.source} is not a directory", "give a llama.cpp source tree")
-        if not (ub.source / "CMakeLists.txt").is_file() or not (ub.source / "ggml").is_dir():
-            raise UserError(where, f"build.source: {ub.source} is not a llama.cpp source tree (no CMakeLists.txt "
-                            "and ggml/)", "give the root of a llama.cpp checkout")
-        return
-    if not ub.bin.is_dir():
-        raise UserError(where, f"build.bin: {ub.bin} is not a directory", "give the folder of llama-bench")
-    if not os.access(ub.bin / "llama-bench", os.X_OK):
-        raise UserError(where, f"build.bin: {ub.bin} has no executable llama-bench",
-                        "give the folder that holds llama.cpp's binaries (build/bin)")
 
 
 @contextlib.contextmanager
@@ -659,79 +558,6 @@ def engine_block(name: str, m: dict | None = None) -> dict:
             "build": {"flags": m["flags"], "compiler": m["compiler"], "build_key": m["build_key"],
                       "native_isa": m.get("native_isa", "unknown"), **origin,
                       **({"isa_variant": m["isa_variant"]} if m.get("isa_variant") else {})}}
-
-
-NATIVE_DIR = Path(__file__).resolve().parent / "native"
-# Link order matters for static archives: each one after the ones that use it.
-TOOL_LIBS = ("libllama.a", "libggml.a", "libggml-cpu.a", "libggml-base.a")
-
-
-def tool(name: str) -> Path:
-    """A project tool (harness/engines/llamacpp/native/NAME.cpp) linked against the pinned build's static libraries.
-
-    Cached beside the build, keyed by the tool's source sha256: editing the tool recompiles only it.
-    Verified (or compiled) once per process.
-    """
-    return _tool(name, str(build_dir()), sha256_file(NATIVE_DIR / f"{name}.cpp"), tool_march())
-
-
-def tools(names: tuple[str, ...]) -> list[Path]:
-    """tool() of each name, compiled side by side (each compile is one single-threaded compiler process), each in
-    this context (the build in use)."""
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1))) as pool:
-        futures = [pool.submit(contextvars.copy_context().run, tool, n) for n in names]
-        return [f.result() for f in futures]
-
-
-@lru_cache(maxsize=None)
-def _tool(name: str, _build_dir: str, digest: str, march: tuple[str, ...]) -> Path:
-    src = NATIVE_DIR / f"{name}.cpp"
-    manifest = load_manifest()
-    if manifest.get("built_by_harness") is False:
-        raise UserError(f"build.bin {manifest['source']['prebuilt']}", f"{name} links against a build's static "
-                        "libraries, and prebuilt binaries come without them", "use engine llama-bench with build.bin, "
-                        "or build: {source: DIR} to have the harness build the tree")
-    if "static_libs" not in manifest:
-        raise UserError(str(manifest_path()), "static_libs: this build kept no libraries", "run `make llama.cpp REBUILD=1`")
-    out_dir = build_dir() / "tools" / digest[:16]
-    exe = out_dir / name
-    meta = out_dir / "tool.json"
-    if exe.exists() and meta.exists():
-        info = json.loads(meta.read_text())
-        if sha256_file(exe) != info["sha256"]:
-            raise UserError(str(exe), "sha256 differs from its tool.json (corrupted build)", f"delete {out_dir} and rerun")
-        return exe
-    cxx = manifest.get("compiler_path") or shutil.which("c++") or shutil.which("g++")
-    if not cxx:
-        raise UserError("c++", "no C++ compiler found", "apt-get install g++")
-    srcdir = Path(manifest["source_dir"])
-    libdir = build_dir() / "lib"
-    stage = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=build_dir()))
-    cmd = [cxx, "-O2", "-std=c++17", *march, f"-I{srcdir / 'include'}", f"-I{srcdir / 'ggml' / 'include'}",
-           f"-I{srcdir / 'vendor'}", str(src), *[str(libdir / lib) for lib in TOOL_LIBS],
-           "-fopenmp", "-lpthread", "-ldl", "-lm", "-o", str(stage / name)]
-    t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        shutil.rmtree(stage, ignore_errors=True)
-        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(str(src), f"compiling {name} failed: {last}", "see the compiler message; `make llama.cpp REBUILD=1` "
-                        "if the libraries are missing")
-    info = {"name": name, "source": str(src.relative_to(NATIVE_DIR.parent.parent)), "source_sha256": digest,
-            "sha256": sha256_file(stage / name), "build_key": build_key(), "command": cmd,
-            "compile_seconds": round(time.time() - t0, 1)}
-    (stage / "tool.json").write_text(json.dumps(info, indent=2) + "\n")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(stage, out_dir)
-    return exe
-
-
-def tool_info(name: str) -> dict:
-    """The tool's record: source and binary sha256, the compile command and its duration."""
-    return json.loads((tool(name).parent / "tool.json").read_text())
 
 
 def _read_cmake_cache(path: Path) -> dict[str, str]:

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from harness import metrics, models
 from harness.engines.llamacpp import build as llamacpp_build
+from harness.engines.llamacpp import tools as llamacpp_tools
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, run_process, run_worker,
                                   setting, tail)
 from harness.errors import UserError
@@ -138,7 +139,7 @@ class LlamaCpp(Engine):
         project's tools linked against it (edge-bench; edge-fidelity with the native build)."""
         with llamacpp_build.variant(isa_variant):
             m = llamacpp_build.build(rebuild=rebuild)
-            llamacpp_build.tools((TOOL,) if isa_variant else (TOOL, FIDELITY_TOOL))
+            llamacpp_tools.tools((TOOL,) if isa_variant else (TOOL, FIDELITY_TOOL))
         return m
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
@@ -172,11 +173,11 @@ class LlamaCpp(Engine):
         if ub is not None:
             with llamacpp_build.user_build(ub):
                 llamacpp_build.build()
-                llamacpp_build.tool(TOOL)
+                llamacpp_tools.tool(TOOL)
 
     def _tool_block(self, name: str) -> dict[str, Any]:
         info = self.engine_info()
-        t = llamacpp_build.tool_info(name)
+        t = llamacpp_tools.tool_info(name)
         return {**info, "build": {**info["build"], "binary": name, "binary_sha256": t["sha256"],
                                   "tool_source_sha256": t["source_sha256"]}}
 
@@ -200,7 +201,7 @@ class LlamaCpp(Engine):
         req_path.write_text(json.dumps(request))
         info = self._tool_block(TOOL)
         cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [
-            str(llamacpp_build.tool(TOOL)), "-m", str(models.form_path(ctx.model, form)), "-t", str(ctx.threads),
+            str(llamacpp_tools.tool(TOOL)), "-m", str(models.form_path(ctx.model, form)), "-t", str(ctx.threads),
             "-i", str(req_path), "-o", str(out_path)]
         env_rec = {**ctx.arm.env, **ctx.env, "OMP_NUM_THREADS": str(ctx.threads)}
         requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
@@ -271,7 +272,7 @@ class LlamaCpp(Engine):
     def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
                          out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
         with llamacpp_build.user_build(self._fidelity_build(options)):
-            exe = llamacpp_build.tool(FIDELITY_TOOL)
+            exe = llamacpp_tools.tool(FIDELITY_TOOL)
         cmd = [str(exe), "-m", str(model_path), "-t", str(threads), "-i", str(req_path), "-o", str(out_path)]
         return cmd, {"OMP_NUM_THREADS": str(threads)}
 

@@ -2,12 +2,14 @@
 statistics, fidelity gates and between-series spread. Returns typed rows; harness/report/ only formats.
 
 A series is (grid sha256, host key). Runs are paired by (cell, arm, pass) inside one series only.
+
+    series.py   artifacts grouped into series per host; build, model and weight identities; fidelity gates
+    serving.py  what a served load's runs derive: load points, rate sweeps, the client tools' medians
+    (here)      the paired comparisons of a series, calibration, across hosts, between series, ceilings
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,185 +18,21 @@ import numpy as np
 
 from harness import stats
 from harness.grid import in_family
+from harness.analysis.series import (_BUILD_IDS, _MODEL_IDS, _WEIGHT_SHAS, Newest, all_series, build_id, by_host, by_key,
+                                     fidelity_gates, fidelity_key, forget, gate, isa_cap, machine_key, mixed_builds,
+                                     model_id, newest_by_grid_and_host, newest_series, weight_shas)
+from harness.analysis.serving import (LOAD_LATENCIES, TOOL_MEDIANS, CapacityRow, SweepRate, SweepView, ToolMedians,
+                                      load_of, load_points, sweep_view, tool_medians)
 
+# what the report, the summary and the tests read here (series.py and serving.py hold them)
+__all__ = ["ALPHA", "LOAD_LATENCIES", "TOOL_MEDIANS", "_BUILD_IDS", "_MODEL_IDS", "_WEIGHT_SHAS", "AARow", "AcrossRow",
+           "BetweenRow", "CapacityRow", "CeilingRow", "Newest", "Row", "SeriesAnalysis", "SeriesFigure", "Speed",
+           "SweepRate", "SweepView", "ToolMedians", "aa_calibration", "across_hosts", "all_series", "analyse",
+           "between_series", "build_id", "by_host", "by_key", "ceiling_rows", "fidelity_gates", "fidelity_key", "forget",
+           "gate", "isa_cap", "load_of", "load_points", "machine_key", "mixed_builds", "model_id",
+           "newest_by_grid_and_host", "newest_series", "speed_of", "sweep_view", "tool_medians", "unreachable",
+           "weight_shas"]
 
-# --- series -----------------------------------------------------------------------------------
-
-def machine_key(a) -> str:
-    """The physical machine of an artifact: its host key, or for a run emulating a hardware class the key of
-    the machine it ran on (host.machine_key). A grid's arms on one machine, emulated or not, are one series
-    and pair by pass; an arm's runs all share its class, so emulated and native runs are never pooled."""
-    h = a.host
-    extra = getattr(h, "__pydantic_extra__", None)  # host.get("machine_key") without pydantic's __getattr__
-    mk = extra.get("machine_key") if isinstance(extra, dict) else h.get("machine_key")
-    return mk or h.key
-
-
-def _by_identity(table: dict, obj: Any, fn: Any) -> Any:
-    """fn(obj), computed once per object while `table` holds it (the object is kept beside its value, so its id
-    is not reused): artifacts share their engine and model records (harness/report/inputs.py _share)."""
-    hit = table.get(id(obj))
-    if hit is not None and hit[0] is obj:
-        return hit[1]
-    v = fn(obj)
-    table[id(obj)] = (obj, v)
-    return v
-
-
-_BUILD_IDS: dict[int, tuple] = {}
-_MODEL_IDS: dict[int, tuple] = {}
-_WEIGHT_SHAS: dict[int, tuple] = {}
-
-
-def forget() -> None:
-    """Drop the per-object values computed since (a report calls it when done)."""
-    _BUILD_IDS.clear()
-    _MODEL_IDS.clear()
-    _WEIGHT_SHAS.clear()
-
-
-def by_host(arts: list) -> dict[str, list]:
-    """Artifacts grouped by the machine that measured them (machine_key), machines in order of their first run."""
-    groups: dict[str, list] = defaultdict(list)
-    for a in sorted(arts, key=lambda a: (a.timing.start, a.id)):
-        groups[machine_key(a)].append(a)
-    return dict(groups)
-
-
-def by_key(arts: list) -> dict[str, list]:
-    """Artifacts grouped by their exact host key (an emulated class apart from its machine)."""
-    groups: dict[str, list] = defaultdict(list)
-    for a in sorted(arts, key=lambda a: (a.timing.start, a.id)):
-        groups[a.host.key].append(a)
-    return dict(groups)
-
-
-def newest_series(arts: list) -> list:
-    """The newest series of one host's artifacts of a grid: those stamped with the grid sha256 of its latest
-    run. Callers pass one host's artifacts only."""
-    assert len({machine_key(a) for a in arts}) == 1, "a series is measured by one host"
-    latest = max(arts, key=lambda a: a.timing.end)
-    sha = latest.grid.sha256
-    return [a for a in arts if a.grid.sha256 == sha]
-
-
-def all_series(arts: list) -> list[list]:
-    """Every series of one host's artifacts of a grid, oldest first."""
-    groups: dict[str, list] = defaultdict(list)
-    for a in arts:
-        groups[a.grid.sha256].append(a)
-    return sorted(groups.values(), key=lambda s: min(a.timing.start for a in s))
-
-
-Newest = dict[tuple[str, str], list]  # (grid name, host key) -> the newest series
-
-
-def newest_by_grid_and_host(runs: dict[str, list]) -> Newest:
-    return {(name, key): newest_series(host_arts) for name, arts in runs.items()
-            for key, host_arts in by_host(arts).items()}
-
-
-# --- builds -----------------------------------------------------------------------------------
-
-def build_id(engine: Any) -> str:
-    """The engine build a run used: its binary's sha256 prefix (llama.cpp), else a hash of every sha256 the
-    engine recorded (wheel RECORDs, shell)."""
-    return _by_identity(_BUILD_IDS, engine, _build_id)
-
-
-def _build_id(engine: Any) -> str:
-    b = engine.build
-    if isinstance(b.get("binary_sha256"), str):
-        return b["binary_sha256"][:12]
-    shas = {k: v for k, v in sorted(b.items()) if k.endswith("sha256")}
-    return hashlib.sha256(json.dumps(shas or b, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def weight_shas(a: Any) -> tuple[str, ...]:
-    return _by_identity(_WEIGHT_SHAS, a.model, _weight_shas)
-
-
-def _weight_shas(model: Any) -> tuple[str, ...]:
-    return tuple(sorted(f.sha256 for f in model.weight_files() or []))
-
-
-def model_id(a: Any) -> str:
-    """The weights a run used: a hash of its model files' sha256s."""
-    return _by_identity(_MODEL_IDS, a.model, _model_id)
-
-
-def _model_id(model: Any) -> str:
-    return hashlib.sha256("".join(sorted(f.sha256 for f in model.files)).encode()).hexdigest()[:12]
-
-
-def mixed_builds(arts: list) -> list[str]:
-    """Within one series, each arm whose runs used more than one engine build or model file set (pyperf
-    refuses to merge such runs; the report says so and names them)."""
-    out = []
-    arms: dict[str, list] = defaultdict(list)
-    for a in arts:
-        arms[a.grid.arm].append(a)
-    for arm, runs in sorted(arms.items()):
-        builds = sorted({build_id(a.engine) for a in runs})
-        # figures pool per cell: a model or form axis gives each cell its own files, which is no mixing
-        cells: dict[str, set[str]] = defaultdict(set)
-        for a in runs:
-            if a.model.files:
-                cells[a.grid.cell].add(model_id(a))
-        weights = sorted(set().union(*(w for w in cells.values() if len(w) > 1)))
-        if len(builds) > 1:
-            out.append(f"arm {arm}: its runs used {len(builds)} different engine builds (sha256 "
-                       f"{', '.join(builds)}): figures of different binaries are pooled in this series")
-        if len(weights) > 1:
-            out.append(f"arm {arm}: its runs used {len(weights)} different model file sets ({', '.join(weights)}): "
-                       "figures of different weights are pooled in this series")
-    return out
-
-
-# --- fidelity gates ---------------------------------------------------------------------------
-
-def fidelity_key(a: Any) -> tuple:
-    """What a fidelity result vouches for: the machine, the engine, its build commit and ISA variant (a capped
-    llama.cpp build computes with other kernels; None: the native build), the ISA a run was capped to (torch's kernels change with it), the
-    model form and its weight files. A run emulating a class without an ISA cap (cores, memory) computes what
-    the machine computes: its machine's fidelity vouches for it."""
-    return (machine_key(a), a.engine.name, a.engine.build_commit, a.engine.build.get("isa_variant"), isa_cap(a),
-            a.model.name, a.model.form, weight_shas(a))
-
-
-def isa_cap(a: Any) -> str | None:
-    """The ISA tier a run was capped to, or None (native, or emulated without an ISA cap)."""
-    emu = getattr(a.execution, "emulation", None) if hasattr(a, "execution") else None
-    if not emu:
-        return None
-    isa = emu.get("caps", {}).get("isa", {})
-    return None if str(isa.get("applied", "")).startswith("none") else isa.get("requested")
-
-
-def fidelity_gates(fidelity_arts: list) -> dict[tuple, Any]:
-    """The newest same-engine (gated) fidelity artifact for each fidelity_key."""
-    out: dict[tuple, Any] = {}
-    for a in sorted(fidelity_arts, key=lambda a: a.timing.end):
-        if not a.cross_engine:
-            out[fidelity_key(a)] = a
-    return out
-
-
-def gate(a: Any, gates: dict[tuple, Any]) -> str:
-    """`pass`, `fail` (failed or errored), `unchecked` (no fidelity artifact for this build on this host),
-    `n/a` (no model: the command engine), or `synthetic weights` (outputs mean nothing: speed only; the
-    verdict stands, marked)."""
-    if not a.model.files:
-        return "n/a"
-    if a.model.source.get("synthetic"):
-        return "synthetic weights"
-    f = gates.get(fidelity_key(a))
-    if f is None:
-        return "unchecked"
-    return "pass" if f.status == "ok" and f.verdict == "pass" else "fail"
-
-
-# --- one series -------------------------------------------------------------------------------
 
 @dataclass
 class Row:
@@ -412,8 +250,6 @@ def analyse(arts: list, gates: dict[tuple, Any] | None = None, power: bool = Tru
                           primary=primary, duplicates=n_dup, warnings=warnings)
 
 
-# --- between series (one host) ----------------------------------------------------------------
-
 @dataclass
 class SeriesFigure:
     label: str  # e.g. "2026-11-29 (a1b2c3d4e5f6), 10 passes"
@@ -480,8 +316,6 @@ def _disjoint(intervals: list) -> bool:
     iv = [i for i in intervals if i is not None]
     return len(iv) >= 2 and max(lo for lo, _ in iv) > min(hi for _, hi in iv)
 
-
-# --- the machine's ceiling and a build's speed (the report words them) ------------------------------------
 
 @dataclass(frozen=True)
 class CeilingRow:
@@ -590,160 +424,3 @@ def speed_of(newest: Newest, host: str, engine: str, form: str, threads: int,
         mine = [a for a in arts if metric in a.metrics]
         return _median_of_runs(mine, metric) if mine else None
     return Speed(grid=grid_name, cell=cell, decode=med("decode_tok_s"), prefill=med("prefill_tok_s"))
-
-
-# ---- a serving grid's curve: latency against throughput as the load grows ---------------------------------
-
-LOAD_LATENCIES = ("ttft_p90_s", "tpot_p90_s", "e2e_p90_s")
-
-
-def load_of(cell: str) -> tuple[str, float, str] | None:
-    """A serving cell's load ('concurrency', 'rate' or 'rate sweep'; where it lies, as a number that grows with
-    the load; its label), from the cell id; None for other cells."""
-    from harness import sweep
-    params = dict(kv.split("=", 1) for kv in cell.split(",") if "=" in kv)
-    if sweep.is_point(params.get("rate")):
-        return "rate sweep", sweep.order(params["rate"]), sweep.label(params["rate"])
-    for k in ("rate", "concurrency"):
-        if k in params:
-            try:
-                v = float(params[k])
-            except ValueError:
-                return None
-            return k, v, f"{v:g}"
-    return None
-
-
-def load_points(section: dict) -> dict[str, dict[str, list[tuple[float, float, float, str]]]]:
-    """latency metric -> arm -> [(load, output tok/s median, latency median, the load's label)], by load: the
-    curve of each arm's latency against its throughput as the load grows (a serving grid's cells)."""
-    med = {(t["metric"], r["arm"], r["cell"]): r["median_value"] for t in section["tables"] for r in t["rows"]}
-    out: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
-    for (metric, arm, cell), tput in sorted(med.items()):
-        if metric != "serve_output_tok_s" or load_of(cell) is None:
-            continue
-        for lat in LOAD_LATENCIES:
-            y = med.get((lat, arm, cell))
-            if y is not None and tput is not None:
-                _, at, label = load_of(cell)  # type: ignore[misc]
-                out.setdefault(lat, {}).setdefault(arm, []).append((at, tput, y, label))
-    for by_arm in out.values():
-        for pts in by_arm.values():
-            pts.sort()
-    return out
-
-
-# ---- a rate sweep: the highest rate each arm served within the SLO (harness/sweep.py) ------------------------
-
-@dataclass(frozen=True)
-class CapacityRow:
-    cell: str  # the sweep's other parameters (its cells less the rate)
-    arm: str
-    values: tuple[float, ...]  # per pass with every point of the arm stored ok: its highest rate meeting the SLO
-    median_ci: tuple[float, float] | None  # exact 95% order-statistic interval of the median over passes
-    vs_baseline: stats.Comparison | None  # paired by pass, its own 95% interval (outside the grid's family)
-
-    @property
-    def median(self) -> float:
-        return float(np.median(self.values))
-
-
-@dataclass(frozen=True)
-class SweepRate:
-    cell: str
-    point: str
-    label: str
-    median_req_s: float  # the resolved rate, median over passes
-    n: int
-
-
-@dataclass(frozen=True)
-class SweepView:
-    share: float
-    slo: dict[str, float]
-    rows: list[CapacityRow]
-    rates: list[SweepRate]
-
-
-def _rest(a: Any) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(a.grid.cell_params.items()) if k != "rate")
-
-
-def sweep_view(series: list, baseline: str) -> SweepView | None:
-    """A series' rate sweep: each arm's highest rate meeting the SLO per pass, its median with an interval, the
-    paired ratio to the baseline arm; and the rate each point was sent at. None: no sweep (or no SLO)."""
-    from harness import sweep
-    arts = [a for a in series if sweep.is_point(a.grid.cell_params.get("rate"))]
-    slo = next((a.workload.slo for a in arts if a.workload.slo), None)
-    if not arts or not slo:
-        return None
-    share = float(slo.get("share", sweep.DEFAULT_SHARE))
-    rows, rates = [], []
-    groups: dict[str, list] = defaultdict(list)
-    for a in arts:
-        groups[_rest(a)].append(a)
-    for rest, mine in sorted(groups.items()):
-        cap = sweep.capacity(mine, share)
-        base = cap.get(baseline, {})
-        for arm, by_pass in sorted(cap.items()):
-            vals = tuple(v for _, v in sorted(by_pass.items()))
-            common = sorted(set(by_pass) & set(base))
-            vs = stats.compare([by_pass[p] for p in common], [base[p] for p in common], power=False) \
-                if arm != baseline and common else None
-            rows.append(CapacityRow(cell=rest, arm=arm, values=vals, median_ci=stats.order_statistic_ci(
-                np.asarray(vals, float)), vs_baseline=vs))
-        by_point: dict[str, list[float]] = defaultdict(list)
-        seen: set[tuple[str, int]] = set()
-        for a in mine:
-            r = sweep.record_of(a).get("rate_req_s")
-            point = a.grid.cell_params["rate"]
-            if a.status == "ok" and r is not None and (point, a.grid.pass_index) not in seen:  # one per pass
-                seen.add((point, a.grid.pass_index))
-                by_point[point].append(float(r))
-        rates += [SweepRate(cell=rest, point=p, label=sweep.label(p), median_req_s=float(np.median(v)), n=len(v))
-                  for p, v in sorted(by_point.items(), key=lambda kv: sweep.order(kv[0]))]
-    return SweepView(share=share, slo={k: v for k, v in slo.items() if k != "share"}, rows=rows, rates=rates)
-
-
-# ---- the serving cross-check: vLLM's own printed medians beside the harness's (docs/serving.md) ----------------
-
-TOOL_MEDIANS = (("ttft_p50_s", "median_ttft_ms"), ("itl_all_p50_s", "median_itl_ms"), ("tpot_p50_s", "median_tpot_ms"))
-
-
-@dataclass(frozen=True)
-class ToolMedians:
-    cell: str
-    arm: str
-    client: str  # "vllm-bench" or "harness"
-    n: int  # ok runs
-    ours: dict[str, float]  # metric -> median over runs of the harness's figure from the arm's own records
-    printed: dict[str, float]  # metric -> median over runs of vLLM's printed figure (seconds); vllm-bench arms only
-
-
-def tool_medians(series: list) -> list[ToolMedians]:
-    """Per serving cell and arm of a series with a vllm-bench arm: the harness's TTFT, pooled-ITL and TPOT
-    medians (median over runs) and, for the vllm-bench arms, the medians vLLM printed for the same runs."""
-    ok = [a for a in series if a.status == "ok" and a.workload.load is not None]
-    if not any(a.execution.effective.get("tool_report") for a in ok):
-        return []
-    groups: dict[tuple[str, str], list] = defaultdict(list)
-    for a in ok:
-        groups[(a.grid.cell, a.grid.arm)].append(a)
-    out = []
-    for (cell, arm), arts in sorted(groups.items()):
-        bench = any(a.execution.effective.get("tool_report") for a in arts)
-        ours = {m: float(np.median([np.median(a.metrics[m].samples) for a in arts if m in a.metrics]))
-                for m, _ in TOOL_MEDIANS if any(m in a.metrics for a in arts)}
-        printed: dict[str, float] = {}
-        for m, key in TOOL_MEDIANS:
-            vals = []
-            for a in arts:  # a run's repetitions each printed one report: their median, in seconds
-                reps = [r[key] / 1000.0 for r in a.execution.effective.get("tool_report") or []
-                        if isinstance(r, dict) and isinstance(r.get(key), (int, float)) and np.isfinite(r[key])]
-                if reps:
-                    vals.append(float(np.median(reps)))
-            if vals:
-                printed[m] = float(np.median(vals))
-        out.append(ToolMedians(cell=cell, arm=arm, client="vllm-bench" if bench else "harness", n=len(arts), ours=ours,
-                               printed=printed))
-    return out
