@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness import __version__
 from harness.errors import UserError
@@ -282,7 +283,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="harness", description="Reproducible LLM inference benchmarks with provenance.")
     p.add_argument("--version", action="version", version=f"edge-harness {__version__}")
     sub = p.add_subparsers(dest="verb", required=True)
+    _machine_verbs(sub)
+    _run_verbs(sub)
+    _store_verbs(sub)
+    _report_verbs(sub)
+    return p
 
+
+def _machine_verbs(sub: Any) -> None:
+    """probe, adapt, models: this machine, the settings it should use and its model zoo."""
     sp = sub.add_parser("probe", help="host profile as JSON on stdout")
     sp.add_argument("--bandwidth", action="store_true",
                     help="measure memory read bandwidth and matmul FLOP/s at 1..N threads; store a calibration artifact")
@@ -326,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--verify", action="store_true", help="re-hash every file; exit 1 on a mismatch")
     ml.set_defaults(func=cmd_models_list)
 
+
+def _run_verbs(sub: Any) -> None:
+    """build, plan, run, fleet, fidelity: provisioning the engines and running grids."""
     sb = sub.add_parser("build", help="provision every engine (or those named): the pinned llama.cpp build and its "
                         "tools (cached outside the checkout), vLLM's runtime plugin checked")
     sb.add_argument("--engine", dest="engines", action="append", default=None, help="only this engine (repeatable)")
@@ -374,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     sf.add_argument("--references", default="baselines/quality", help="where reference artifacts go (<dir>/<grid>/)")
     sf.set_defaults(func=cmd_fidelity)
 
+
+def _store_verbs(sub: Any) -> None:
+    """check, index, export, compare, schema: what a store holds, checked, indexed and read out."""
     sc = sub.add_parser("check", help="validate artifacts: schema, provenance, id")
     sc.add_argument("paths", nargs="+")
     sc.add_argument("--no-model-hashes", action="store_true", help="skip comparing model sha256 with local files")
@@ -413,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     ss = sub.add_parser("schema", help="the artifact JSON Schema (as in docs/formats.md)")
     ss.set_defaults(func=cmd_schema)
 
+
+def _report_verbs(sub: Any) -> None:
+    """report, hosts: the pages rendered from the stores and the machines that measured them."""
     sr = sub.add_parser("report", help="render results.md from the stored results")
     sr.add_argument("--store", action="append", default=None)
     sr.add_argument("--out", default="reports/results.md")
@@ -431,7 +449,6 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(func=cmd_hosts)
     sr.set_defaults(func=cmd_report)
-    return p
 
 
 def _terminate(signum, frame):  # SIGTERM stops a grid the way Ctrl-C does

@@ -164,6 +164,23 @@ def across_hosts(per: dict[tuple[str, str, str], dict[str, float]]) -> list[Acro
     return out
 
 
+def _runs_by_pass(arts: list) -> tuple[dict[tuple, Any], dict[tuple, int], dict[tuple, int]]:
+    """A series' ok runs by (cell, arm, pass), the latest of each; how many more were measured of each (cell,
+    arm); and how many of each failed."""
+    runs: dict[tuple, Any] = {}
+    dup: dict[tuple, int] = defaultdict(int)
+    for a in sorted((a for a in arts if a.status == "ok"), key=lambda a: a.timing.end):
+        k = (a.grid.cell, a.grid.arm, a.grid.pass_index)
+        if k in runs:
+            dup[(a.grid.cell, a.grid.arm)] += 1
+        runs[k] = a
+    failed: dict[tuple, int] = defaultdict(int)
+    for a in arts:
+        if a.status != "ok":
+            failed[(a.grid.cell, a.grid.arm)] += 1
+    return runs, dup, failed
+
+
 def analyse(arts: list, gates: dict[tuple, Any] | None = None, power: bool = True) -> SeriesAnalysis:
     """Pair one series' runs by pass, compare each arm with the baseline, and read each verdict from its one
     interval at the family's level. The family: every comparison, or the grid's declared primaries."""
@@ -175,17 +192,7 @@ def analyse(arts: list, gates: dict[tuple, Any] | None = None, power: bool = Tru
     cells = sorted({a.grid.cell for a in arts})
     arms = sorted({a.grid.arm for a in arts}, key=lambda n: (n != base, n))
     metric_names = sorted({m for a in ok for m in a.metrics})
-    runs: dict[tuple, Any] = {}
-    dup: dict[tuple, int] = defaultdict(int)
-    for a in sorted(ok, key=lambda a: a.timing.end):
-        k = (a.grid.cell, a.grid.arm, a.grid.pass_index)
-        if k in runs:
-            dup[(a.grid.cell, a.grid.arm)] += 1
-        runs[k] = a
-    failed: dict[tuple, int] = defaultdict(int)
-    for a in arts:
-        if a.status != "ok":
-            failed[(a.grid.cell, a.grid.arm)] += 1
+    runs, dup, failed = _runs_by_pass(arts)
     varying = {k for k in first.grid.cell_params if len({str(a.grid.cell_params.get(k)) for a in arts}) > 1}
     by_cell_arm: dict[tuple, list] = defaultdict(list)  # (cell, arm) -> (pass, run), in the order of `runs`
     for (c, am, p), r in runs.items():

@@ -94,12 +94,8 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
     import os
     import time
 
-    import pydantic_core
-
-    from harness.artifact import parse
     from harness.check import CACHE_FROM, _relative, accepted
     from harness.hashcache import StoreCache, stamp
-    from harness.store import read_if_unchanged
     cache = StoreCache("report", d) if len(paths) >= CACHE_FROM else None
     pcache = _parsed_cache(d) if cache is not None else None
     parsed_old = pcache.load() if pcache is not None else {}
@@ -118,22 +114,9 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
             hit = cache.get(rel, st) if st else None
         hit_id = _ok_id(hit)
         if hit_id is not None:
-            entry = parsed_old.get(rel)
-            if _parsed_entry_ok(entry, st, hit_id):
-                arts.append(entry[1])  # type: ignore[index]
-                parsed[rel] = entry  # type: ignore[assignment]
-                _note(accepted_ids, rel, hit_id)
-                continue
-            raw = read_if_unchanged(p, st)  # type: ignore[arg-type]
-            try:
-                a = parse(pydantic_core.from_json(raw, allow_inf_nan=False), where)
-                if a.id != hit_id:
-                    raise ValueError("not the artifact verified")
-            except Exception:  # changed since (None), or not what was verified: loaded and checked below
-                pass
-            else:
-                arts.append(_share(a, shared))
-                parsed[rel] = (st, a)
+            kept = _unchanged(p, rel, st, hit_id, parsed_old, parsed, shared)
+            if kept is not None:
+                arts.append(kept)
                 _note(accepted_ids, rel, hit_id)
                 continue
         elif isinstance(hit, list) and len(hit) == 2 and hit[0] in ("load", "refused") and all(
@@ -163,6 +146,31 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
     elif accepted_ids is not None:
         accepted_ids.append(None)  # an uncached store: its inputs are not known without reading it (_inputs)
     return arts, unloadable + refused
+
+
+def _unchanged(p: Path, rel: str, st: Any, hit_id: str, parsed_old: dict, parsed: dict, shared: dict) -> Any:
+    """The artifact of a file accepted before and unchanged since (its verdict's stamp): what it parsed to, kept
+    (parsed_old), or the file parsed again, unchecked, when it still is the artifact verified; None when it is
+    not (changed since, or another artifact): the caller loads and checks it as the first time. What it parsed
+    to goes into `parsed` under `rel`."""
+    import pydantic_core
+
+    from harness.artifact import parse
+    from harness.store import read_if_unchanged
+    entry = parsed_old.get(rel)
+    if _parsed_entry_ok(entry, st, hit_id):
+        parsed[rel] = entry
+        return entry[1]  # type: ignore[index]
+    raw = read_if_unchanged(p, st)
+    try:
+        a = parse(pydantic_core.from_json(raw, allow_inf_nan=False), str(p))
+        if a.id != hit_id:
+            raise ValueError("not the artifact verified")
+    except Exception:  # changed since (None), or not what was verified: loaded and checked below
+        return None
+    kept = _share(a, shared)
+    parsed[rel] = (st, a)
+    return kept
 
 
 def _note(accepted_ids: list | None, rel: str, aid: str) -> None:

@@ -106,6 +106,42 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         tables.append({"metric": metric, "unit": rows[0]["unit"] if rows else "",
                        "definitions": _definitions(ok, metric),
                        "rows": rows})
+    warnings = _warnings(an, ok)
+    # A/A: every arm ran the same engine, model form and requested configuration
+    configs = {(a.engine.name, a.model.form, a.execution.observe, json.dumps(a.execution.requested, sort_keys=True))
+               for a in ok}
+    calibration = aa_calibration(an) if ok and len(configs) == 1 and len(an.arms) > 1 else None
+    engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit, analysis.build_id(a.engine)) for a in arts})
+    models = {id(a.model): a.model for a in arts}.values()  # each record once: runs share them (_share)
+    model_files = sorted({(m.form, f.path, f.sha256[:12]) for m in models for f in m.weight_files() or []})
+    return {
+        "name": name, "grid_path": first.grid.path, "grid_sha": first.grid.sha256[:12], "order": first.grid.order,
+        "passes": len({a.grid.pass_index for a in arts}), "baseline": first.grid.baseline_arm,
+        "model": "`, `".join(sorted({a.model.name for a in arts})),
+        "n_artifacts": len(arts), "n_failed": sum(1 for a in arts if a.status != "ok"), "tables": tables,
+        "n_all": len(all_arts), "n_older": len(older), "older_series": older_series,
+        "older_status": _status_counts(older) if older else "", "fingerprint": fingerprint,
+        "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
+        "arm_forms": {a.grid.arm: (a.engine.name, a.model.form) for a in ok},
+        "family": _family_text(an), "shows": _shows(an, ok), "between": _between(all_arts), "definitions_note": _definitions_note(tables),
+        "host": describe(first.host.model_dump()), "host_key": analysis.machine_key(first),
+        "slug": f"{name}-{analysis.machine_key(first)}", "emulated_arms": _emulated_arms(arts),
+        "synthetic": any(a.model.source.get("synthetic") for a in arts),
+        "failures": [{"arm": a.grid.arm, "pass_index": a.grid.pass_index, "error": (a.error or a.status)[:200]}
+                     for a in sorted(arts, key=lambda a: (a.grid.arm, a.grid.pass_index)) if a.status != "ok"],
+        "kernels": sorted({str(a.host.get("kernel")) for a in arts}),
+        "harness_commits": sorted({a.harness.commit[:12] for a in arts}),
+        "dirty": any(a.harness.dirty for a in arts),
+        "dates": f"{min(a.timing.start for a in arts)[:10]} to {max(a.timing.end for a in arts)[:10]}",
+        "span": _span(arts),
+        "store_dirs": sorted({(where or {}).get(a.id, "") for a in arts}),
+    }
+
+
+def _warnings(an: analysis.SeriesAnalysis, ok: list) -> list[str]:
+    """What a series' page warns of, sorted: the analysis' own warnings, a pass count that can never give a verdict,
+    verdicts withheld by fidelity gates, settings that did not take effect, runs under other load, overlapping
+    effects of several arms."""
     warnings = list(an.warnings)
     short = analysis.unreachable(an)
     if short is not None:
@@ -144,45 +180,20 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
     if len([x for x in an.arms if x != an.baseline]) > 1:
         warnings.append("several arms are compared with one baseline: their separately measured effects overlap and "
                         "must not be added")
-    warnings = sorted(set(warnings))
-    # A/A: every arm ran the same engine, model form and requested configuration
-    configs = {(a.engine.name, a.model.form, a.execution.observe, json.dumps(a.execution.requested, sort_keys=True))
-               for a in ok}
-    calibration = aa_calibration(an) if ok and len(configs) == 1 and len(an.arms) > 1 else None
-    engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit, analysis.build_id(a.engine)) for a in arts})
-    models = {id(a.model): a.model for a in arts}.values()  # each record once: runs share them (_share)
-    model_files = sorted({(m.form, f.path, f.sha256[:12]) for m in models for f in m.weight_files() or []})
-    between = [{"cell": b.cell.replace("batch=1,", ""), "arm": b.arm, "metric": b.metric,
-                "series": [{"label": f.label, "median": _fmt(f.median),
-                            "median_ci": "n<6: no interval" if f.median_ci is None else
-                            f"[{_fmt(f.median_ci[0])}, {_fmt(f.median_ci[1])}]",
-                            "ratio": "baseline" if f.ratio is None else f"{f.ratio:.3f}" + (
-                                f" [{f.ratio_ci[0]:.3f}, {f.ratio_ci[1]:.3f}]" if f.ratio_ci else " (no interval)")}
-                           for f in b.series],
-                "spread": f"{b.spread:.3f}", "flag": ", ".join(f"{x} do not overlap" for x in b.disjoint)}
-               for b in analysis.between_series(all_arts)]
-    return {
-        "name": name, "grid_path": first.grid.path, "grid_sha": first.grid.sha256[:12], "order": first.grid.order,
-        "passes": len({a.grid.pass_index for a in arts}), "baseline": first.grid.baseline_arm,
-        "model": "`, `".join(sorted({a.model.name for a in arts})),
-        "n_artifacts": len(arts), "n_failed": sum(1 for a in arts if a.status != "ok"), "tables": tables,
-        "n_all": len(all_arts), "n_older": len(older), "older_series": older_series,
-        "older_status": _status_counts(older) if older else "", "fingerprint": fingerprint,
-        "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
-        "arm_forms": {a.grid.arm: (a.engine.name, a.model.form) for a in ok},
-        "family": _family_text(an), "shows": _shows(an, ok), "between": between, "definitions_note": _definitions_note(tables),
-        "host": describe(first.host.model_dump()), "host_key": analysis.machine_key(first),
-        "slug": f"{name}-{analysis.machine_key(first)}", "emulated_arms": _emulated_arms(arts),
-        "synthetic": any(a.model.source.get("synthetic") for a in arts),
-        "failures": [{"arm": a.grid.arm, "pass_index": a.grid.pass_index, "error": (a.error or a.status)[:200]}
-                     for a in sorted(arts, key=lambda a: (a.grid.arm, a.grid.pass_index)) if a.status != "ok"],
-        "kernels": sorted({str(a.host.get("kernel")) for a in arts}),
-        "harness_commits": sorted({a.harness.commit[:12] for a in arts}),
-        "dirty": any(a.harness.dirty for a in arts),
-        "dates": f"{min(a.timing.start for a in arts)[:10]} to {max(a.timing.end for a in arts)[:10]}",
-        "span": _span(arts),
-        "store_dirs": sorted({(where or {}).get(a.id, "") for a in arts}),
-    }
+    return sorted(set(warnings))
+
+
+def _between(all_arts: list) -> list[dict]:
+    """The between-series spread of a grid's figures on one host (analysis.between_series), worded."""
+    return [{"cell": b.cell.replace("batch=1,", ""), "arm": b.arm, "metric": b.metric,
+             "series": [{"label": f.label, "median": _fmt(f.median),
+                         "median_ci": "n<6: no interval" if f.median_ci is None else
+                         f"[{_fmt(f.median_ci[0])}, {_fmt(f.median_ci[1])}]",
+                         "ratio": "baseline" if f.ratio is None else f"{f.ratio:.3f}" + (
+                             f" [{f.ratio_ci[0]:.3f}, {f.ratio_ci[1]:.3f}]" if f.ratio_ci else " (no interval)")}
+                        for f in b.series],
+             "spread": f"{b.spread:.3f}", "flag": ", ".join(f"{x} do not overlap" for x in b.disjoint)}
+            for b in analysis.between_series(all_arts)]
 
 
 def _shows(an: analysis.SeriesAnalysis, ok: list) -> str:
