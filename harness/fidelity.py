@@ -293,6 +293,29 @@ def reference_form(g: FidelityGrid, engine: str) -> str:
                     f"its forms: {', '.join(sorted(forms))}; name one in references: {{{engine}: FORM}}")
 
 
+def _references(g: FidelityGrid, ref_opts: dict, eng_blocks: dict, refs: Store, prompts: PromptSet, n_ctx: int,
+                workroot: Path, harness: dict, run_: FidelityRun, out: Any) -> dict[tuple[str, str], Any]:
+    """The reference of each (engine, reference options): one stored under `refs` for these model files, prompt set,
+    engine build and decoding settings, reused; else generated and stored (its path in run_.written)."""
+    references: dict[tuple[str, str], Any] = {}
+    for (e, k), opts in sorted(ref_opts.items()):
+        form = reference_form(g, e)
+        label = f"{e} {form}" + (f" ({', '.join(f'{n}: {v}' for n, v in sorted(opts.items()))})" if opts else "")
+        eng = engine_block(e, opts) if opts else eng_blocks[e]
+        mblock, mpath = _model_block(g, form)
+        ref = _find_reference(refs, g, e, form, eng, mblock["files"], prompts, out)
+        if ref is None:
+            print(f"[fidelity] reference {label}: generating", file=out, flush=True)
+            ref = _new_reference(g, e, form, mblock, mpath, eng, prompts, n_ctx, workroot, harness, opts)
+            path = refs.write(ref)
+            run_.written.append(path)
+            print(f"[fidelity] reference {label}: {path}", file=out)
+        else:
+            print(f"[fidelity] reference {label}: reusing {ref.id[:12]}", file=out)
+        references[(e, k)] = ref
+    return references
+
+
 def run(grid_path: str, store_root: str = "artifacts", references_root: str = "baselines/quality",
         out=None) -> FidelityRun:
     out = out or sys.stderr
@@ -312,23 +335,8 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
         return b.engine, json.dumps(get_engine(b.engine).reference_options(b.options), sort_keys=True)
     ref_opts = {ref_key(b): json.loads(ref_key(b)[1]) for b in g.builds}
     ref_opts.update({(a, "{}"): {} for _, a in g.cross_engine})
-    references: dict[tuple[str, str], Any] = {}
     eng_blocks = {e: engine_block(e) for e in engines}
-    for (e, k), opts in sorted(ref_opts.items()):
-        form = reference_form(g, e)
-        label = f"{e} {form}" + (f" ({', '.join(f'{n}: {v}' for n, v in sorted(opts.items()))})" if opts else "")
-        eng = engine_block(e, opts) if opts else eng_blocks[e]
-        mblock, mpath = _model_block(g, form)
-        ref = _find_reference(refs, g, e, form, eng, mblock["files"], prompts, out)
-        if ref is None:
-            print(f"[fidelity] reference {label}: generating", file=out, flush=True)
-            ref = _new_reference(g, e, form, mblock, mpath, eng, prompts, n_ctx, workroot, harness, opts)
-            path = refs.write(ref)
-            run_.written.append(path)
-            print(f"[fidelity] reference {label}: {path}", file=out)
-        else:
-            print(f"[fidelity] reference {label}: reusing {ref.id[:12]}", file=out)
-        references[(e, k)] = ref
+    references = _references(g, ref_opts, eng_blocks, refs, prompts, n_ctx, workroot, harness, run_, out)
 
     jobs = [(b, b.engine, False) for b in g.builds] + [(next(b for b in g.builds if b.name == n), a, True)
                                                        for n, a in g.cross_engine]

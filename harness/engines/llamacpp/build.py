@@ -405,20 +405,7 @@ def build(rebuild: bool = False) -> dict:
         print(f"[llama.cpp] building {', '.join(targets)} (minutes cold on 2 cores; log {log})",
               file=sys.stderr)
         _logged([cmake, "--build", str(bdir), "--target", *targets, "-j", str(os.cpu_count() or 1)], log, env)
-        bins = stage / "bin"
-        bins.mkdir()
-        final_bins = out / "bin"
-        binaries = {}
-        for t in targets:
-            p = bdir / "bin" / t
-            shutil.copy2(p, bins / t)
-            binaries[t] = {"path": str(final_bins / t), "sha256": sha256_file(bins / t), "size": (bins / t).stat().st_size}
-        # The static libraries stay, so that the project's own tools (harness/engines/llamacpp/native/) link against
-        # exactly the code the binaries above run, without a second llama.cpp build.
-        libs = stage / "lib"
-        libs.mkdir()
-        for a in sorted(bdir.rglob("*.a")):
-            shutil.copy2(a, libs / a.name)
+        binaries, static_libs = _keep_outputs(bdir, stage, out, targets)
         cache = _read_cmake_cache(bdir / "CMakeCache.txt")
         shutil.rmtree(bdir)
         manifest = {
@@ -437,7 +424,7 @@ def build(rebuild: bool = False) -> dict:
             "native_isa": native_isa() if _VARIANT.get() is None else None,
             "isa_variant": _VARIANT.get(),
             "binaries": binaries,
-            "static_libs": sorted(a.name for a in libs.iterdir()),
+            "static_libs": static_libs,
             "source_dir": str(out / "src"),
             "convert_script": str(out / "src" / "convert_hf_to_gguf.py"),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -448,20 +435,43 @@ def build(rebuild: bool = False) -> dict:
             shutil.rmtree(out)
         os.replace(stage, out)
     except subprocess.CalledProcessError as e:
-        kept = root / "failed-builds" / f"{build_key()}.log"  # the log outlives the stage it was written in
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        if log.exists():
-            os.replace(log, kept)
-        tail_lines = _log_tail(kept) if kept.exists() else ""
-        shutil.rmtree(stage, ignore_errors=True)
-        what = f"llama.cpp build ({ub.label})" if ub else "llama.cpp build"
-        raise UserError(what, f"`{' '.join(map(str, e.cmd[:3]))} ...` exited {e.returncode}: {tail_lines[-400:]}",
-                        f"read the build log {kept}; fix the tree (or install the missing tool) and run again") from e
+        raise _failed(e, root, log, stage, ub) from e
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
     print(f"[llama.cpp] built in {manifest['build_seconds']} s -> {out}", file=sys.stderr)
     return manifest
+
+
+def _keep_outputs(bdir: Path, stage: Path, out: Path, targets: tuple[str, ...]) -> tuple[dict, list[str]]:
+    """The built targets and static libraries copied into the stage: (each binary's final path, sha256 and size,
+    the libraries' names). The static libraries stay, so that the project's own tools (native/) link against
+    exactly the code the binaries run, without a second llama.cpp build."""
+    bins = stage / "bin"
+    bins.mkdir()
+    binaries = {}
+    for t in targets:
+        shutil.copy2(bdir / "bin" / t, bins / t)
+        binaries[t] = {"path": str(out / "bin" / t), "sha256": sha256_file(bins / t), "size": (bins / t).stat().st_size}
+    libs = stage / "lib"
+    libs.mkdir()
+    for a in sorted(bdir.rglob("*.a")):
+        shutil.copy2(a, libs / a.name)
+    return binaries, sorted(a.name for a in libs.iterdir())
+
+
+def _failed(e: subprocess.CalledProcessError, root: Path, log: Path, stage: Path, ub: UserBuild | None) -> UserError:
+    """A failed build step: its log kept under failed-builds/ (it outlives the stage it was written in), the stage
+    removed, and the one-line error naming the log."""
+    kept = root / "failed-builds" / f"{build_key()}.log"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    if log.exists():
+        os.replace(log, kept)
+    tail_lines = _log_tail(kept) if kept.exists() else ""
+    shutil.rmtree(stage, ignore_errors=True)
+    what = f"llama.cpp build ({ub.label})" if ub else "llama.cpp build"
+    return UserError(what, f"`{' '.join(map(str, e.cmd[:3]))} ...` exited {e.returncode}: {tail_lines[-400:]}",
+                     f"read the build log {kept}; fix the tree (or install the missing tool) and run again")
 
 
 def _log_tail(log: Path) -> str:

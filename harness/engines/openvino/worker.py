@@ -76,6 +76,18 @@ def tokenized(ids: list[int]):
     return ov_genai.TokenizedInputs(ov.Tensor(x), ov.Tensor(np.ones_like(x)))
 
 
+def cpu_plugin_defaults(core) -> dict[str, str]:
+    """The CPU plugin's default settings that shape a run, as this build reports them."""
+    defaults = {}
+    for key in ("INFERENCE_PRECISION_HINT", "KEY_CACHE_PRECISION", "VALUE_CACHE_PRECISION", "NUM_STREAMS",
+                "PERFORMANCE_HINT", "ENABLE_CPU_PINNING", "ENABLE_HYPER_THREADING", "EXECUTION_MODE_HINT"):
+        try:
+            defaults[key] = str(core.get_property("CPU", key))
+        except Exception as e:  # a property this build does not have
+            defaults[key] = f"unreadable: {type(e).__name__}"
+    return defaults
+
+
 def measure(req: dict) -> dict:
     import openvino as ov
     import openvino_genai as ov_genai
@@ -133,13 +145,7 @@ def measure(req: dict) -> dict:
         output_hashes.append(hashlib.sha256(json.dumps(out_ids).encode()).hexdigest())
     running = running_threads(busy_ns)
     core = ov.Core()  # the CPU plugin's defaults (not the pipeline's compiled model, which GenAI does not expose)
-    defaults = {}
-    for key in ("INFERENCE_PRECISION_HINT", "KEY_CACHE_PRECISION", "VALUE_CACHE_PRECISION", "NUM_STREAMS",
-                "PERFORMANCE_HINT", "ENABLE_CPU_PINNING", "ENABLE_HYPER_THREADING", "EXECUTION_MODE_HINT"):
-        try:
-            defaults[key] = str(core.get_property("CPU", key))
-        except Exception as e:  # a property this build does not have
-            defaults[key] = f"unreadable: {type(e).__name__}"
+    defaults = cpu_plugin_defaults(core)
     return {"status": "ok", "samples": samples, "load_s": load_s,
             "effective": {
                 "threads": len(running),
@@ -174,6 +180,24 @@ GREEDY_SOURCE = ("ids: LLMPipeline.generate on the prompt ids with the measureme
                  "as library_scores, and no distribution)")
 
 
+def linked_model(cfg: dict) -> tuple[str, str]:
+    """GenAI saves the model it converted next to the file it loaded: the file is linked into a folder of this run's
+    own (new: no model of another run is read), so the saved model is this run's and nothing is written beside the
+    zoo's files. (the folder, the link)"""
+    ir_dir = cfg["ir_dir"]
+    os.makedirs(ir_dir)
+    link = os.path.join(ir_dir, os.path.basename(cfg["model_path"]))
+    os.symlink(os.path.abspath(cfg["model_path"]), link)
+    return ir_dir, link
+
+
+def compiled_property(compiled, key: str) -> str:
+    try:
+        return str(compiled.get_property(key))
+    except Exception as e:  # a property this build does not have
+        return f"unreadable: {type(e).__name__}"
+
+
 def fidelity(cfg: dict) -> dict:
     """Greedy ids and teacher-forced scoring for `harness fidelity` (see the module docstring)."""
     import numpy as np
@@ -182,12 +206,7 @@ def fidelity(cfg: dict) -> dict:
 
     req = json.loads(open(cfg["request_path"]).read())
     n, k, threads = int(req["n_predict"]), int(req["top_k"]), int(cfg["threads"])
-    # GenAI saves the model it converted next to the file it loaded: the file is linked into a folder of this run's
-    # own, so the saved model is this run's and nothing is written beside the zoo's files
-    ir_dir = cfg["ir_dir"]
-    os.makedirs(ir_dir)  # new: no model of another run is read
-    link = os.path.join(ir_dir, os.path.basename(cfg["model_path"]))
-    os.symlink(os.path.abspath(cfg["model_path"]), link)
+    ir_dir, link = linked_model(cfg)
     pipe, sched, load_s = load_pipeline(link, threads, cfg["attention_backend"], enable_save_ov_model=True)
     xml, weights = os.path.join(ir_dir, "openvino_model.xml"), os.path.join(ir_dir, "openvino_model.bin")
     if not (os.path.isfile(xml) and os.path.isfile(weights)):
@@ -229,12 +248,6 @@ def fidelity(cfg: dict) -> dict:
         return {"status": "failed", "error": error}
     forced_scores = [float(sum(p["greedy"]["logprobs"])) for p in prompts]
 
-    def prop(key: str) -> str:
-        try:
-            return str(compiled.get_property(key))
-        except Exception as e:  # a property this build does not have
-            return f"unreadable: {type(e).__name__}"
-
     return {"status": "ok", "prompts": prompts, "n_vocab": n_vocab, "n_predict": n, "top_k": k, "threads": threads,
             "effective": {
                 "threads": int(compiled.get_property("INFERENCE_NUM_THREADS")),
@@ -246,7 +259,7 @@ def fidelity(cfg: dict) -> dict:
                 "greedy_source": GREEDY_SOURCE,
                 "forced_source": FORCED_SOURCE,
                 "forced_model": {"xml_sha256": sha256_of(xml), "bin_sha256": sha256_of(weights),
-                                 **{key.lower(): prop(key) for key in (
+                                 **{key.lower(): compiled_property(compiled, key) for key in (
                                      "INFERENCE_PRECISION_HINT", "KEY_CACHE_PRECISION", "VALUE_CACHE_PRECISION",
                                      "NUM_STREAMS", "EXECUTION_MODE_HINT")}},
                 # per prompt: the greedy tokens' summed log-probability by the library's decode path, and by the
