@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness import hardware
+from harness.engines.capabilities import IsaCap, capability
 from harness.errors import UserError
 from harness.rules import MEMORY_TOLERANCE  # the balloon is judged to hold the class's memory within it
 
@@ -214,4 +215,4 @@ def isa_record(em: Emulation, engine: str, effective: dict) -> dict:
     base = {"requested": tier, "native": em.native["isa_tier"]}
     if not em.isa_capped:
         return {**base, "applied": "none: the class's tier is this machine's", "status": "emulated"}
-    return {**base, **get_engine(engine).isa_record(tier, em.env, effective)}
+    return {**base, **capability(get_engine(engine), IsaCap).isa_record(tier, em.env, effective)}

@@ -4,7 +4,7 @@
   columns people filter on (COLUMNS). jsonl and parquet keep each run's raw samples as a list; csv as JSON text.
 - llama-bench-json, llama-bench-sql: the rows llama-bench prints with `-o json` / `-o sql` (its field names and types,
   a `llama_bench` table), one prompt-processing and one token-generation row per run, for the engines whose package
-  maps their runs onto that schema (Engine.llama_bench_rows), so llama.cpp's scripts/compare-llama-bench.py reads
+  maps their runs onto that schema (Yardsticks.llama_bench_rows), so llama.cpp's scripts/compare-llama-bench.py reads
   them. One engine per export: llama-bench's figures and the request loop's are not one definition.
 - pyperf: pyperf's JSON suite (one benchmark per arm, cell and metric; a run per artifact, its repetitions as
   values and its warm-ups as warm-ups), so `pyperf stats` and `pyperf compare_to` read it. pyperf knows seconds,
@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
+from harness.engines.capabilities import Yardsticks, capability
 from harness.errors import UserError
 from harness.paths import replace_file
 
@@ -132,7 +133,7 @@ def llama_bench_rows(runs: list) -> list[dict[str, Any]]:
     for a in runs:
         if a.status != "ok":
             continue  # llama-bench prints no row for a test that did not run
-        got = eng.llama_bench_rows(a)
+        got = capability(eng, Yardsticks).llama_bench_rows(a)
         if got is None:
             raise UserError("--format llama-bench-json", f"engine {engines[0]} has no mapping onto llama-bench's rows",
                             "use --format csv, jsonl, parquet or pyperf for its runs")

@@ -27,13 +27,14 @@ from harness import documents, lifecycle, models, provenance
 from harness.artifact import Decoding, Execution, FidelityGridRef
 from harness import grid
 from harness.engines import get_engine
+from harness.engines.capabilities import Fidelity, capability
 from harness.grid.fidelity import THRESHOLDS, Build, FidelityGrid, default_references  # noqa: F401
 from harness.errors import UserError
 from harness.paths import read_utf8, sha256_file
 from harness.check.references import reference_mismatch
 from harness.store import Store, load_path
 
-# The engines with a fidelity mode (Engine.reference_form set), and each one's default reference form.
+# The engines with a fidelity mode (Fidelity.reference_form set), and each one's default reference form.
 DEFAULT_REFERENCES = default_references()
 ENGINES = tuple(DEFAULT_REFERENCES)
 
@@ -109,7 +110,7 @@ def _model_block(g: FidelityGrid, form: str | None, path: str | None = None) -> 
 
 
 def engine_block(engine: str, options: dict | None = None) -> dict:
-    return get_engine(engine).fidelity_block(options)
+    return capability(get_engine(engine), Fidelity).fidelity_block(options)
 
 
 def generate(g: FidelityGrid, engine: str, model_path: Path, dtype: str | None, request: dict, workdir: Path,
@@ -120,8 +121,8 @@ def generate(g: FidelityGrid, engine: str, model_path: Path, dtype: str | None, 
     req_path, out_path = workdir / "request.json", workdir / "result.json"
     req_path.write_text(json.dumps(request))
     cpus = list(range(g.threads))
-    cmd, env_rec = get_engine(engine).fidelity_command(model_path, g.threads, cpus, dtype, req_path, out_path, workdir,
-                                                      options)
+    fid = capability(get_engine(engine), Fidelity)
+    cmd, env_rec = fid.fidelity_command(model_path, g.threads, cpus, dtype, req_path, out_path, workdir, options)
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | env_rec
     w = run_worker(cmd, env, g.timeout_s, out_path, engine)
     res: dict[str, Any] = {"argv": cmd, "env": env_rec, "cpus": cpus}
@@ -206,7 +207,7 @@ def gate(summary: dict, thresholds: dict[str, float], rows: list[dict]) -> list[
 # ---- references ---------------------------------------------------------------------------------------
 
 def _execution(res: dict, g: FidelityGrid, engine: str, requested: dict, effective: dict) -> Execution:
-    extra = get_engine(engine).fidelity_execution()
+    extra = capability(get_engine(engine), Fidelity).fidelity_execution()
     return documents.execution(threads=g.threads, cpus=res["cpus"], numa_policy="default (no numa option)",
                                env={**provenance.relevant_env(), **res["env"]}, requested=requested,
                                effective=effective, compile_cache=extra["compile_cache"], eager=extra["eager"],
@@ -248,7 +249,7 @@ def _new_reference(g: FidelityGrid, engine: str, form: str, mblock: dict, mpath:
     request = {"n_predict": g.gen_len, "top_k": g.top_k, "n_ctx": n_ctx,
                "prompts": [{"ids": p["ids"], "self_forced": True} for p in prompts.prompts]}
     span = provenance.Span()
-    dtype = get_engine(engine).fidelity_dtype(form, {})
+    dtype = capability(get_engine(engine), Fidelity).fidelity_dtype(form, {})
     res = generate(g, engine, mpath, dtype, request, wd, options or None)
     if res["status"] != "ok":
         raise UserError(f"reference {engine} {form}", f"{res['error']}", "fix the engine (see the message) and rerun; "
@@ -258,7 +259,7 @@ def _new_reference(g: FidelityGrid, engine: str, form: str, mblock: dict, mpath:
              "forced_argmax_agreement": sum(a == t for a, t in zip(r["forced"]["argmax"], r["greedy"]["ids"]))
              / len(r["greedy"]["ids"])}
             for p, r in zip(prompts.prompts, res["result"]["prompts"])]
-    eng = get_engine(engine).fidelity_result_block(eng, res["result"])
+    eng = capability(get_engine(engine), Fidelity).fidelity_result_block(eng, res["result"])
     host, timing = span.finish()
     return documents.reference(
         grid=FidelityGridRef(path=g.path, sha256=g.sha256, name=g.name, build=f"reference-{engine}"), model=mblock,
@@ -330,9 +331,10 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
     run_ = FidelityRun([], [], [])
     engines = sorted({b.engine for b in g.builds} | {a for _, a in g.cross_engine})
     # one reference per build of each engine: the default one, and each other build (its own tree or
-    # environment: Engine.reference_options) against its own bf16
+    # environment: Fidelity.reference_options) against its own bf16
     def ref_key(b: Build) -> tuple[str, str]:
-        return b.engine, json.dumps(get_engine(b.engine).reference_options(b.options), sort_keys=True)
+        opts = capability(get_engine(b.engine), Fidelity).reference_options(b.options)
+        return b.engine, json.dumps(opts, sort_keys=True)
     ref_opts = {ref_key(b): json.loads(ref_key(b)[1]) for b in g.builds}
     ref_opts.update({(a, "{}"): {} for _, a in g.cross_engine})
     eng_blocks = {e: engine_block(e) for e in engines}
@@ -343,7 +345,7 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
     for b, against, cross in jobs:
         ref = references[(against, "{}") if cross else ref_key(b)]
         mblock, mpath = _model_block(g, b.form, b.path)
-        dtype = get_engine(b.engine).fidelity_dtype(b.form, b.options)
+        dtype = capability(get_engine(b.engine), Fidelity).fidelity_dtype(b.form, b.options)
         request = {"n_predict": g.gen_len, "top_k": g.top_k, "n_ctx": n_ctx,
                    "prompts": [{"ids": p["ids"], "forced": o.ids, "candidates": [[t[0] for t in pos] for pos in o.top]}
                                for p, o in zip(prompts.prompts, ref.outputs)]}
@@ -366,7 +368,7 @@ def run(grid_path: str, store_root: str = "artifacts", references_root: str = "b
             effective: dict = {}
         else:
             result = res["result"]
-            eng = get_engine(b.engine).fidelity_result_block(eng, result)
+            eng = capability(get_engine(b.engine), Fidelity).fidelity_result_block(eng, result)
             rows = compare([o.model_dump() for o in ref.outputs], result["prompts"])
             summary = summarize(rows, g.gen_len)
             fails = [] if cross else gate(summary, b.thresholds, rows)

@@ -180,7 +180,7 @@ def from_serving(samples: list[dict], slo: dict[str, float] | None) -> dict[str,
 # llama.cpp through edge-bench) ------------------------------------------------------------------------------
 
 # part -> what it covers in every engine; each engine that times its steps says what the part is in it
-# (Engine.step_parts, Engine.inside_forward), and a part's definition names them all (step_parts())
+# (StepParts.step_parts, StepParts.inside_forward), and a part's definition names them all (step_parts())
 STEP_PART_NAMES: dict[str, str] = {
     "schedule": "choosing what runs this step",
     "prepare": "building the step's inputs",
@@ -201,7 +201,9 @@ INSIDE_FORWARD_NAMES: dict[str, str] = {
 def _with_engines(names: dict[str, str], attr: str) -> dict[str, str]:
     """Each part's definition: what it covers, then what it is in each engine that times it."""
     from harness.engines import ENGINES, engine_class
-    timed = sorted((c for c in map(engine_class, ENGINES) if getattr(c, attr)), key=lambda c: c.step_parts_order)
+    from harness.engines.capabilities import StepParts, has
+    timed = sorted((c for c in map(engine_class, ENGINES) if has(c, StepParts) and getattr(c, attr)),
+                   key=lambda c: c.step_parts_order)
     out = {}
     for part, text in names.items():
         notes = [getattr(c, attr)[part] for c in timed if part in getattr(c, attr)]

@@ -15,6 +15,7 @@ from harness import documents, emulate, grid, hardware, models, provenance
 from harness.artifact import GridRef, Residency, Workload
 from harness.engines import get_engine
 from harness.engines.base import EngineResult, RunContext
+from harness.engines.capabilities import Sizing, capability
 from harness.errors import UserError
 from harness.probe import host_key as key_of
 from harness.residency import files_residency
@@ -58,7 +59,7 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
     asked = run.cell.params.get("form") or arm.form
     model = grid.model_of(spec, run.cell.params)
     form = engine.check(model, asked, profile or hardware.current_profile())
-    form_override = {"form": {"requested": "auto", "effective": form, "rule": engine.form_for(
+    form_override = {"form": {"requested": "auto", "effective": form, "rule": capability(engine, Sizing).form_for(
         profile or hardware.current_profile())[1]}} if asked == "auto" else {}
     mblock, weights = model_block(model, form)
     cpus = em.cpus if em else (arm.cpus or default_cpus(threads))

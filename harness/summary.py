@@ -79,7 +79,8 @@ class Candidate:
 def reference_forms() -> dict[str, str]:
     """engine name -> its summary reference form (one engine names one)."""
     from harness.engines import ENGINES, engine_class
-    return {c.name: c.summary_reference for c in map(engine_class, ENGINES) if c.summary_reference}
+    from harness.engines.capabilities import Yardsticks, has
+    return {c.name: c.summary_reference for c in map(engine_class, ENGINES) if has(c, Yardsticks) and c.summary_reference}
 
 
 def _one_definition(runs: list, metric: str) -> bool:

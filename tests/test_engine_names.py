@@ -10,7 +10,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from harness.engines import ENGINES
+from harness.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent / "harness"
 
@@ -101,3 +104,63 @@ def test_a_form_axis_is_no_mixing_of_weights():
                   model=NS(files=[NS(sha256=sha)]))
     assert mixed_builds([run("form=q8_0", "1" * 64), run("form=q4_0", "2" * 64)]) == []
     assert "2 different model file sets" in mixed_builds([run("form=q8_0", "1" * 64), run("form=q8_0", "2" * 64)])[0]
+
+
+# ---- the core contract and its capabilities ------------------------------------------------------------------
+
+def _members(cls: type) -> set[str]:
+    return {k for k in vars(cls) if not k.startswith("_")}
+
+
+def undeclared(cls: type) -> list[tuple[str, list[str]]]:
+    """The capabilities whose members an engine class (or a class it inherits, the capabilities aside) sets
+    without declaring them: the pipeline would read the capability's defaults and never see its values."""
+    from harness.engines.capabilities import CAPABILITIES
+    out = []
+    for cap in CAPABILITIES:
+        own = sorted({k for klass in cls.__mro__ if klass not in CAPABILITIES and klass is not object
+                      for k in vars(klass) if k in _members(cap)})
+        if own and not issubclass(cls, cap):
+            out.append((cap.__name__, own))
+    return out
+
+
+def test_the_core_contract_has_at_most_15_members_and_the_rest_are_capabilities():
+    from harness.engines.base import Engine
+    from harness.engines.capabilities import CAPABILITIES
+    core = _members(Engine)
+    assert len(core) <= 15, sorted(core)
+    for cap in CAPABILITIES:
+        assert not core & _members(cap), (cap.__name__, core & _members(cap))
+
+
+def test_every_engine_declares_the_capabilities_it_sets():
+    from harness.engines import ENGINES, engine_class
+    assert {name: undeclared(engine_class(name)) for name in ENGINES} == {name: [] for name in ENGINES}
+    # and a class that sets a capability's member without declaring it is caught
+    from harness.engines.base import Engine
+    from harness.engines.capabilities import Limits
+
+    class Quiet(Engine):
+        max_batch = None  # would be ignored: the pipeline reads capability(engine, Limits).max_batch
+
+    class Declared(Engine, Limits):
+        max_batch = None
+    assert undeclared(Quiet) == [("Limits", ["max_batch"])] and undeclared(Declared) == []
+
+
+def test_an_engine_without_a_capability_gets_its_defaults():
+    from harness.engines import get_engine
+    from harness.engines.capabilities import Fidelity, IsaCap, Limits, Patches, Sizing, capability, has
+    cmd = get_engine("command")
+    assert has(cmd, Limits) and not has(cmd, Sizing) and not has(cmd, IsaCap)
+    assert capability(cmd, Sizing).admission("m", {}, None, {}, 256) is None
+    assert capability(cmd, Sizing).sizes_by_admission({}) is False
+    assert capability(cmd, IsaCap).isa_record("avx2", {}, {})["status"] == "not emulated: the command engine has no ISA switch"
+    assert capability(cmd, Fidelity).reference_form is None
+    with pytest.raises(UserError, match="command: has no fidelity mode"):
+        capability(cmd, Fidelity).fidelity_command(Path("m"), 1, [0], None, Path("r"), Path("o"), Path("w"))
+    with pytest.raises(UserError, match="the command engine has no runtime patches"):
+        capability(cmd, Patches).validate_patches("g.yaml", "arms[a].patches", "none")
+    vllm = get_engine("vllm")
+    assert capability(vllm, Sizing) is vllm and capability(vllm, Patches) is vllm

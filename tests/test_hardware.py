@@ -6,6 +6,7 @@ import math
 import pytest
 
 from harness import ceiling, emulate, grid, hardware
+from harness.engines.capabilities import Sizing, capability
 from harness.errors import UserError
 
 AVX2_4G = "x86-avx2-2c-4g"
@@ -32,7 +33,7 @@ def test_dtype_by_isa():
     assert llamacpp.derive_dtype(prof("x86-baseline-2c-8g"))[0] == "f32"
     assert llamacpp.derive_dtype(prof(AVX2_4G))[0] == "bf16"
     assert llamacpp.form_for(prof(AVX2_4G))[0] == llamacpp.check("smollm2-135m", "auto", prof(AVX2_4G)) == "gguf-bf16"
-    assert get_engine("command").derive_dtype(prof(AVX2_4G)) is None
+    assert capability(get_engine("command"), Sizing).derive_dtype(prof(AVX2_4G)) is None  # no rule: the default
 
 
 def test_tier_flags_are_cumulative_and_nothing_above():

@@ -76,7 +76,8 @@ def adapt(model: str, profile: dict, context_len: int = 1024, gen_len: int = 128
     profile should use, each with its value, rule and evidence."""
     out = {}
     for name in ENGINES:
-        rows = get_engine(name).adapt(model, profile, context_len, gen_len, store, host)
+        from harness.engines.capabilities import Sizing, capability
+        rows = capability(get_engine(name), Sizing).adapt(model, profile, context_len, gen_len, store, host)
         if rows is not None:
             out[name] = [{k: v for k, v in r.items() if k != "admission"} for r in rows]
     return out

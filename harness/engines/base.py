@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from harness.engines.capabilities import Fidelity, Limits, Sizing, capability
 from harness.errors import UserError
 from harness.lifecycle import popen
 from harness.residency import PeakMemory
@@ -112,104 +113,38 @@ SETTINGS = ("threads", "cpus", "dtype", "context_len", "batch", "warmups", "kv_c
 
 
 class Engine(ABC):
-    """The engine contract (see the module docstring)."""
+    """The core engine contract: every engine has these, and nothing else is asked of all of them. What only some
+    engines do is a capability (harness/engines/capabilities.py) an engine declares by inheriting it, and the
+    pipeline reaches through `capability(engine, Cap)`."""
 
     name: ClassVar[str] = ""
     default_form: ClassVar[str] = ""
     form_prefix: ClassVar[str] = ""
-    form_hint: ClassVar[str] = ""
     Options: ClassVar[type[BaseModel]] = Options
-    # workload fields applied by the engine: a field it does not honour must stay at its neutral value
-    honours: ClassVar[frozenset[str]] = frozenset({"prompt_len", "gen_len", "context_len", "warmups", "repetitions"})
-    max_batch: ClassVar[int | None] = 1  # concurrent requests it can run; None: no limit
-    warmup_values: ClassVar[tuple[int, ...] | None] = None  # the warm-up counts it can do; None: any
     metrics: ClassVar[tuple[str, ...]] = ()
     observe_only: ClassVar[frozenset[str]] = frozenset()  # settings it cannot read back (recorded, not enforced)
     needs_model: ClassVar[bool] = True  # False: runs without a model (no model block, no residency)
-    has_patches: ClassVar[bool] = False  # takes an arm's `patches` (runtime patches: validate_patches)
     # environment variables (by prefix) that change what the engine computes: recorded in every artifact's provenance
     env_prefixes: ClassVar[tuple[str, ...]] = ()
-    # runtime memory beyond weights and KV where nothing of this engine was measured yet (a default, never evidence)
-    default_overhead: ClassVar[int] = 0
-    auto_form: ClassVar[bool] = False  # takes `form: auto` (the form its dtype rule picks for a hardware profile)
-    # decode-step attribution (harness/metrics.py step_parts): what each part it times is in this engine, and
-    # what it times inside the forward; step_parts_order: where its notes stand in a part's definition
-    step_parts: ClassVar[dict[str, str]] = {}
-    inside_forward: ClassVar[dict[str, str]] = {}
-    step_parts_order: ClassVar[int] = 100
-    definition_of: ClassVar[str | None] = None  # another engine measured by this one's own definitions (report pairs)
-    definition_pairs: ClassVar[tuple[tuple[str, str], ...]] = ()  # (that engine's metric, this one's) compared
-    # the form of this engine the summary sets every engine against (harness/summary.py); one engine has one
-    summary_reference: ClassVar[str | None] = None
 
     def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
-        """The form a run loads. `auto` (engines with auto_form): the form the engine's dtype rule picks for the
-        hardware profile (derive_dtype), on this machine or the emulated class."""
+        """The form a run loads. `auto` (engines whose Sizing has auto_form): the form the engine's dtype rule picks
+        for the hardware profile (derive_dtype), on this machine or the emulated class."""
         form = form or self.default_form
-        if form == "auto" and self.auto_form:
+        sizing = capability(self, Sizing)
+        if form == "auto" and sizing.auto_form:
             if profile is None:
                 return form  # resolved per run, when the profile is known
-            form = self.form_for(profile)[0]
+            form = sizing.form_for(profile)[0]
         if not form.startswith(self.form_prefix):
-            raise UserError("arm.form", f"{self.name} needs a {self.form_prefix}* form, got {form!r}", self.form_hint)
+            raise UserError("arm.form", f"{self.name} needs a {self.form_prefix}* form, got {form!r}",
+                            capability(self, Limits).form_hint)
         return form
-
-    # ---- hardware: derivations from a profile, memory admission, emulation, provisioning -----------------
-    def derive_dtype(self, profile: dict[str, Any]) -> tuple[str, str] | None:
-        """The dtype this engine should compute in on a hardware profile, with the rule; None: no rule."""
-        return None
-
-    def form_for(self, profile: dict[str, Any]) -> tuple[str, str]:
-        """`form: auto`: the form the dtype rule picks on this profile, with the rule."""
-        raise UserError(self.name, "takes no form: auto", "name a form")
-
-    def admission(self, model: str, profile: dict[str, Any], form: str | None, options: dict[str, Any],
-                  context_len: int, store: Path | None = None, host: str | None = None) -> dict[str, Any] | None:
-        """How many sequences of context_len this engine fits in the profile's available memory (hardware.admission,
-        with the engine's weights, KV bytes, block and measured overhead); None: the engine has no memory rule."""
-        return None
-
-    def sizes_by_admission(self, options: dict[str, Any]) -> bool:
-        """Whether these options ask the admission rule to size the run (vLLM's `max_num_seqs: auto`): plan then
-        checks the cell fits on this machine, as it does for every run under a hardware class."""
-        return False
-
-    @classmethod
-    def overhead_parts(cls, a: Any) -> tuple[int, int] | None:
-        """Weights and KV bytes of an ok run artifact (its peak RSS minus both is the runtime's overhead)."""
-        return None
-
-    def adapt(self, model: str, profile: dict[str, Any], context_len: int, gen_len: int,
-              store: Path | None = None, host: str | None = None) -> list[dict[str, Any]] | None:
-        """`harness adapt`: the settings this engine should use on a profile (value, rule, evidence); None: none."""
-        return None
-
-    def isa_bound(self, form: str | None) -> bool:
-        """Whether this form needs kernels that only some ISA tiers of this engine's build have (isa_refusal)."""
-        return False
-
-    def isa_refusal(self, form: str, options: dict[str, Any], profile: dict[str, Any]) -> str | None:
-        """Why this engine cannot run an isa_bound form on this profile's ISA tier (this machine's, or an emulated
-        class's): one line naming what would load and what it lacks; None: it can. Checked at plan."""
-        return None
-
-    def isa_record(self, tier: str, env: dict[str, str], effective: dict[str, Any]) -> dict[str, Any]:
-        """How an ISA cap below this machine's was applied to the engine and read back (emulate.isa_record)."""
-        return {"applied": "none", "status": f"not emulated: the {self.name} engine has no ISA switch"}
-
-    def llama_bench_rows(self, a: Any) -> list[dict[str, Any]] | None:
-        """A run artifact of this engine as llama-bench's rows (`harness export --format llama-bench-json`: every field
-        of export.LLAMA_BENCH_FIELDS, samples_ns and samples_ts); None: the engine has no such mapping."""
-        return None
 
     def provision(self, isa_variant: str | None = None, rebuild: bool = False) -> dict[str, Any] | None:
         """Build or check what the engine runs (cached; before anything is measured). `isa_variant`: the build
         capped at an emulated class's ISA tier, where the engine has one. Returns its build record, if any."""
         return None
-
-    def validate_patches(self, path: str, where: str, patches: Any) -> None:
-        """An arm's `patches`: refused unless the engine has runtime patches (has_patches)."""
-        raise UserError(path, f"{where}: the {self.name} engine has no runtime patches", "drop the arm's patches")
 
     def options(self, arm: "Arm") -> BaseModel:
         """The arm's options, typed (after `validate`, never fails)."""
@@ -217,8 +152,8 @@ class Engine(ABC):
 
     def validate(self, path: str, arm: "Arm", workload: dict[str, tuple[str, set]], warmups: int) -> None:
         """Refuse, before anything runs, an option this engine does not know or an ill-typed one, and a
-        workload this engine cannot honour. `workload`: field -> (where the grid sets it, the values it takes).
-        Errors name `arms[NAME].options.KEY` or the workload field."""
+        workload this engine cannot honour (its Limits). `workload`: field -> (where the grid sets it, the values
+        it takes). Errors name `arms[NAME].options.KEY` or the workload field."""
         try:
             opts = self.Options(**arm.options)
         except ValidationError as e:
@@ -229,20 +164,18 @@ class Engine(ABC):
                 f"{err['msg']} (known {self.name} options: {known})"
             problem = "unknown option" if err["type"] == "extra_forbidden" else f"invalid value {err.get('input')!r}"
             raise UserError(path, f"arms[{arm.name}].options.{key}: {problem}", fix) from None
+        limits = capability(self, Limits)
         where, batches = workload.get("batch", ("workload.batch", {1}))
         big = max(batches)
-        if self.max_batch is not None and big > self.max_batch:
+        if limits.max_batch is not None and big > limits.max_batch:
             raise UserError(path, f"{where}: {big} concurrent requests asked of arm {arm.name!r}, but "
-                                  f"{self.name} runs at most {self.max_batch}",
+                                  f"{self.name} runs at most {limits.max_batch}",
                             "use an engine with concurrency (vllm, llama.cpp) or batch: 1")
-        if self.warmup_values is not None and warmups not in self.warmup_values:
+        if limits.warmup_values is not None and warmups not in limits.warmup_values:
             raise UserError(path, f"warmups: {warmups} asked of arm {arm.name!r}, but {self.name} can do "
-                                  f"{' or '.join(map(str, self.warmup_values))}",
-                            f"set warmups to {self.warmup_values[-1]} or use another engine")
-        self.validate_options(path, arm, opts, workload)
-
-    def validate_options(self, path: str, arm: "Arm", opts: Any, workload: dict[str, tuple[str, set]]) -> None:
-        """Checks across options and workload, beyond types (an engine may add its own)."""
+                                  f"{' or '.join(map(str, limits.warmup_values))}",
+                            f"set warmups to {limits.warmup_values[-1]} or use another engine")
+        limits.validate_options(path, arm, opts, workload)
 
     def prepare_arm(self, spec: Any, arm: "Arm") -> None:
         """What an arm needs made before anything is measured (a user's build of the engine): called by every
@@ -256,45 +189,8 @@ class Engine(ABC):
     def run(self, ctx: RunContext, form: str) -> EngineResult:
         ...
 
-    # ---- fidelity (model engines): greedy generation and teacher-forced scoring on token ids ------------
-    reference_form: ClassVar[str | None] = None  # the form a build of this engine is compared against
-    accepts_file: ClassVar[bool] = False  # a fidelity build may be a file instead of a zoo form
-    fidelity_options: ClassVar[frozenset[str]] = frozenset()
 
-    def fidelity_dtype(self, form: str | None, options: dict) -> str | None:
-        return None
-
-    def fidelity_check_options(self, path: str, fld: str, options: dict) -> dict:
-        """A fidelity build's options, checked against this machine and resolved (paths relative to the grid file
-        made absolute): an error is one line naming the grid file and field."""
-        return options
-
-    def reference_options(self, options: dict) -> dict:
-        """Of a fidelity build's options, those that make it another build of the engine (its own tree, its own
-        environment): such a build is scored against a reference of that same build, its own bf16."""
-        return {}
-
-    def fidelity_block(self, options: dict | None = None) -> dict[str, Any]:
-        """The engine block of a fidelity or reference artifact (`options`: the build's, absent for a reference)."""
-        info = self.engine_info()
-        return {"name": info["name"], "version": info["version"], "build_commit": info["build_commit"],
-                "build": info["build"], "patches": [], "overrides": {}}
-
-    def fidelity_command(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, req_path: Path,
-                         out_path: Path, workdir: Path, options: dict | None = None) -> tuple[list[str], dict[str, str]]:
-        """The command (and its recorded environment) that answers a fidelity request (harness/fidelity.py);
-        `options` are the build's (fidelity_options), absent for a reference."""
-        raise UserError(self.name, "has no fidelity mode", "use a model engine (llama.cpp, vllm)")
-
-    def fidelity_result_block(self, eng: dict, result: dict) -> dict:
-        """The engine block, completed from what the engine reported (e.g. the patches it applied)."""
-        return eng
-
-    def fidelity_execution(self) -> dict[str, Any]:
-        return {"compile_cache": {"key": "n/a", "state": "n/a (no compile cache)"}, "eager": None}
-
-
-class OneRequestEngine(Engine):
+class OneRequestEngine(Engine, Limits, Fidelity):
     """An engine that loads a fixed list of forms and runs one request at a time whose prompt and output must fit
     context_len (openvino, onnxruntime-genai): the form and the context refused at plan, the package checked when a
     run starts. A subclass gives refuse_form (the one-line error) and require (the pinned package's version)."""

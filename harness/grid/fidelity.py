@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines import get_engine
+from harness.engines.capabilities import Fidelity, IsaCap, Patches, capability
 from harness.grid.spec import err as _err
 from harness.grid.parse import model_name
 from harness.grid.yamlfile import entries, grid_name, only_fields
@@ -71,9 +72,9 @@ def _thresholds(path: str, fld: str, raw: Any) -> dict[str, float]:
 
 @lru_cache(maxsize=1)
 def default_references() -> dict[str, str]:
-    """The engines with a fidelity mode (Engine.reference_form set), and each one's default reference form."""
+    """The engines with a fidelity mode (Fidelity.reference_form set), and each one's default reference form."""
     from harness.engines import ENGINES
-    return {n: f for n in ENGINES if (f := get_engine(n).reference_form)}
+    return {n: f for n in ENGINES if (f := capability(get_engine(n), Fidelity).reference_form)}
 
 
 def from_dict(doc: Any, sp: str, sha: str) -> FidelityGrid:
@@ -147,19 +148,19 @@ def _build(sp: str, f: str, b: dict, engines: tuple[str, ...], thresholds: dict[
     if ("form" in b) == ("path" in b):
         raise _err(sp, f, "needs exactly one of form (a zoo form) or path (a GGUF file)")
     bpath = None
-    eng = get_engine(b["engine"])
+    eng = capability(get_engine(b["engine"]), Fidelity)
     if "path" in b:
         if not eng.accepts_file:
-            files = [n for n in engines if get_engine(n).accepts_file]
+            files = [n for n in engines if capability(get_engine(n), Fidelity).accepts_file]
             raise _err(sp, f"{f}.path", f"a {b['engine']} build cannot be a file (only {', '.join(files)})",
                        f"use form for {b['engine']}")
         bpath = str((Path(sp).parent / str(b["path"])).resolve())
     else:
         if not str(b["form"]).startswith(eng.form_prefix):
             raise _err(sp, f"{f}.form", f"{b['engine']} needs a {eng.form_prefix}* form, got {b['form']!r}")
-        if eng.isa_bound(b["form"]):  # a form whose kernels only some ISA tiers have: refused here, never run
+        if capability(eng, IsaCap).isa_bound(b["form"]):  # a form whose kernels only some ISA tiers have: refused here, never run
             from harness import hardware
-            why = eng.isa_refusal(b["form"], b.get("options") or {}, hardware.current_profile())
+            why = capability(eng, IsaCap).isa_refusal(b["form"], b.get("options") or {}, hardware.current_profile())
             if why:
                 raise _err(sp, f"{f}.form", why, "check this build on a host whose ISA tier has the kernel, or drop "
                                                   "it (docs/quantization.md)")
@@ -168,7 +169,7 @@ def _build(sp: str, f: str, b: dict, engines: tuple[str, ...], thresholds: dict[
         raise _err(sp, f"{f}.options", f"unknown option for {b['engine']}",
                    f"known: {', '.join(sorted(eng.fidelity_options)) or 'none'}")
     if "patches" in opts:
-        eng.validate_patches(sp, f"{f}.options.patches", opts["patches"])
+        capability(eng, Patches).validate_patches(sp, f"{f}.options.patches", opts["patches"])
     opts = eng.fidelity_check_options(sp, f"{f}.options", opts)
     return Build(name=b["name"], engine=b["engine"], form=b.get("form"), path=bpath, options=opts,
                  thresholds={**thresholds, **_thresholds(sp, f"{f}.thresholds", b.get("thresholds") or {})})

@@ -10,6 +10,7 @@ from harness import views
 from harness.engines import engine_class, get_engine
 import harness.grid.serving as serving
 import harness.grid.validate as validate
+from harness.engines.capabilities import Patches, capability
 from harness.grid.spec import (ARM_FIELDS, AXIS_NAMES, ENV_NAME, HOSTS, LOAD_AXES, MAX_ARMS, MAX_CELLS, MAX_NAME_BYTES,
                                MAX_RULE_CHECKS, MAX_RULES, MAX_RUNS, MAX_TIMEOUT_S, NUMERIC_AXES, OBSERVE, ORDERS,
                                PRIMARY_FIELDS, STRING_AXES, TOP_FIELDS, WHY_NO_DEFAULTS, WORKLOAD_FIELDS, Arm, GridSpec,
@@ -67,7 +68,7 @@ def _arm(path: str, f: str, ra: dict, engines: Any, avail: list[int] | None) -> 
     cpus = _cpus(path, f, ra.get("cpus"), avail)
     pat = ra.get("patches")
     if pat is not None:
-        get_engine(eng).validate_patches(path, f"{f}.patches", pat)
+        capability(get_engine(eng), Patches).validate_patches(path, f"{f}.patches", pat)
     if "threads" in opts:
         integer(path, f"{f}.options.threads", opts["threads"])
     if "threads" in ra:

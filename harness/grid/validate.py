@@ -5,6 +5,7 @@ an emulated hardware class's rules and memory, and the forms a user's model can 
 from __future__ import annotations
 
 from harness.engines import get_engine
+from harness.engines.capabilities import IsaCap, Sizing, capability
 from harness.errors import UserError
 import harness.grid.cells as grid_cells
 from harness.grid.spec import Arm, Cell, GridSpec, cpu_list, err, hardware_of, model_of
@@ -80,12 +81,13 @@ def _validate_hardware(spec: GridSpec, arm: Arm, cell: Cell) -> None:
     the class's memory admits the cell's sequences (the admission rule, with its numbers)."""
     name = hardware_of(arm, cell.params)
     eng = get_engine(arm.engine)
-    auto = eng.sizes_by_admission(arm.options)
+    auto = capability(eng, Sizing).sizes_by_admission(arm.options)
     where = f"{spec.path}: arms[{arm.name}] cell {cell.id}"
     form = cell.params.get("form") or arm.form or eng.default_form
-    if eng.isa_bound(form):  # a form whose kernels only some ISA tiers have: refused here on a tier without them
+    isa = capability(eng, IsaCap)
+    if isa.isa_bound(form):  # a form whose kernels only some ISA tiers have: refused here on a tier without them
         from harness import hardware
-        why = eng.isa_refusal(form, arm.options, hardware.current_profile(name) if name else hardware.current_profile())
+        why = isa.isa_refusal(form, arm.options, hardware.current_profile(name) if name else hardware.current_profile())
         if why:
             raise UserError(where, why, "run this arm on a host (or hardware class) whose ISA tier has the kernel, or "
                                         "drop it (docs/quantization.md)")
@@ -100,7 +102,7 @@ def _validate_hardware(spec: GridSpec, arm: Arm, cell: Cell) -> None:
     if model == "none":
         return
     batch, ctxlen = int(cell.params.get("batch", 1)), int(cell.params["context_len"])
-    adm = get_engine(arm.engine).admission(model, prof, cell.params.get("form") or arm.form, arm.options, ctxlen)
+    adm = capability(eng, Sizing).admission(model, prof, cell.params.get("form") or arm.form, arm.options, ctxlen)
     if adm is None:  # the engine has no memory rule
         return
     if adm["max_num_seqs"] < batch:

@@ -69,7 +69,9 @@ def definition_pairs(section: dict) -> list[dict]:
     for arm, (engine, form) in section.get("arm_forms", {}).items():
         by_form.setdefault(form, {})[engine] = arm
     from harness.engines import ENGINES, engine_class
-    twins = [(c.definition_of, c.name, c.definition_pairs) for c in map(engine_class, ENGINES) if c.definition_of]
+    from harness.engines.capabilities import Yardsticks, has
+    twins = [(c.definition_of, c.name, c.definition_pairs) for c in map(engine_class, ENGINES)
+             if has(c, Yardsticks) and c.definition_of]
     out = []
     for cell in sorted({k[2] for k in med}):
         for (form, arms), (req_engine, bench_engine, pairs) in itertools.product(sorted(by_form.items()), twins):

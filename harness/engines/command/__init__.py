@@ -14,13 +14,14 @@ from typing import Any
 from pydantic import Field
 
 from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process, setting, tail
+from harness.engines.capabilities import Limits
 
 
 class CommandOptions(Options):
     cmd: str = Field(min_length=1, description="run with /bin/sh -c")
 
 
-class Command(Engine):
+class Command(Engine, Limits):
     """The worked example of docs/harness.md: options, what it honours, its one metric, `run`."""
 
     name = "command"

@@ -23,6 +23,7 @@ from harness.engines.llamacpp import build as llamacpp_build
 from harness.engines.llamacpp import tools as llamacpp_tools
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, run_process, run_worker,
                                   setting, tail)
+from harness.engines.capabilities import Fidelity, IsaCap, Limits, Sizing, StepParts, Yardsticks
 from harness.errors import UserError
 
 TOOL = "edge-bench"
@@ -60,7 +61,7 @@ class LlamaCppOptions(Options):
     build: llamacpp_build.BuildOption | None = None  # the user's llama.cpp source tree (build.py)
 
 
-class LlamaCpp(Engine):
+class LlamaCpp(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks):
     name = "llama.cpp"
     summary_reference = "gguf-f32"  # the summary's yardstick: llama.cpp on full-precision weights
     default_form = "gguf-f32"

@@ -22,6 +22,7 @@ from harness.engines.llamacpp import build as llamacpp_build
 
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
                                   setting, tail)
+from harness.engines.capabilities import Limits, Yardsticks
 
 PASSTHROUGH_OPTIONS = {"batch_size": "-b", "ubatch_size": "-ub", "flash_attn": "-fa", "cache_type_k": "-ctk",
                        "cache_type_v": "-ctv", "repack": "--repack", "load_mode": "-lm", "poll": "--poll"}
@@ -110,7 +111,7 @@ def parse_bench_json(stdout: str) -> list[dict]:
     raise ValueError("no JSON array in llama-bench output")
 
 
-class LlamaBench(Engine):
+class LlamaBench(Engine, Limits, Yardsticks):
     name = "llama-bench"
     default_form = "gguf-f32"
     form_prefix = "gguf-"

@@ -24,12 +24,13 @@ from pydantic import Field
 from harness import metrics, models, serving
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_worker,
                                   setting)
+from harness.engines.capabilities import Fidelity, Limits, Patches
 from harness.errors import UserError
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 
 
-class ServerEngine(Engine):
+class ServerEngine(Engine, Limits, Fidelity):
     """What every server engine shares: the load, the prompts, the worker, the serving metrics."""
 
     serves: ClassVar[bool] = True
@@ -317,7 +318,7 @@ def _field(line: str | None, name: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
-class VllmServer(ServerEngine):
+class VllmServer(ServerEngine, Patches):
     """`vllm.entrypoints.openai.api_server` on the run's CPUs, the edge-harness runtime loaded in each of its
     processes (the plugin, `patches` as for the vllm engine); its settings read back from its log (the engine's
     config line, the CPU worker's OpenMP binding) and GET /v1/models, what the runtime did from the plugin's own
@@ -328,7 +329,6 @@ class VllmServer(ServerEngine):
     form_prefix = "hf-"
     form_hint = "use an hf-* form (hf-fp32, hf-bf16)"
     Options = VllmServerOptions
-    has_patches = True
     env_prefixes = ("VLLM_", "EDGE_HARNESS_PATCHES")
     info_paths = ("/v1/models", "/version")
     log_patterns = (VLLM_CONFIG, VLLM_BIND, VLLM_ARGS)

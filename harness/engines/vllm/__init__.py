@@ -22,6 +22,7 @@ from pydantic import Field
 
 from harness import metrics, models
 from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, run_worker, setting
+from harness.engines.capabilities import Fidelity, IsaCap, Limits, Patches, Sizing, StepParts
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT, cache_root
 
@@ -252,7 +253,7 @@ def choose_core_and_eager(engine_core: str, eager: Any, tokens: int, costs: dict
                       "estimated_s": {f"{k[0]}/{'eager' if k[1] else 'compiled'}": round(t, 2) for k, t in total.items()}}
 
 
-class Vllm(Engine):
+class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
     name = "vllm"
     default_form = "hf-fp32"
     form_prefix = "hf-"
@@ -263,7 +264,6 @@ class Vllm(Engine):
     metrics = (*metrics.NAMES, "startup_s", "peak_rss_mib")
     reference_form = "hf-bf16"
     fidelity_options = frozenset({"dtype", "patches", "eager", "python"})
-    has_patches = True
     step_parts = {"schedule": "vLLM: Scheduler.schedule",
                   "prepare": "vLLM: batch state, attention metadata and input tensors",
                   "forward": "vLLM: GPUModelRunner._model_forward and LogitsProcessor.forward",
