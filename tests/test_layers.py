@@ -101,3 +101,43 @@ def test_the_walk_finds_a_reintroduced_circle():
     src = mods["harness.hardware"].read_text() + "\n\ndef _f():\n    from harness.engines.vllm import derive_dtype\n"
     graph = import_graph(mods, {"harness.hardware": src})
     assert any("harness.hardware" in c and "harness.engines.vllm" in c for c in cycles(graph))
+
+
+# ---- rooms of a readable size ----------------------------------------------------------------------------------
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+LONG_FUNCTIONS_ALLOWED = 3  # the engines' run loops (the vLLM worker's, the vLLM and server engines')
+
+
+def _sources() -> list[Path]:
+    return sorted([*ROOT.rglob("*.py"), *(ROOT.parent / "runtime").rglob("*.py")])
+
+
+def long_functions(paths: list[Path], root: Path) -> list[tuple[int, str]]:
+    """(lines, path:name) of every function longer than MAX_FUNCTION_LINES, longest first."""
+    out = []
+    for p in paths:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    out.append((n, f"{p.relative_to(root)}:{node.name}"))
+    return sorted(out, reverse=True)
+
+
+def test_no_module_over_600_lines():
+    big = {str(p.relative_to(ROOT.parent)): n for p in _sources()
+           if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert big == {}, "split these along their concepts"
+
+
+def test_at_most_three_functions_over_80_lines():
+    found = long_functions(_sources(), ROOT.parent)
+    assert len(found) <= LONG_FUNCTIONS_ALLOWED, found
+
+
+def test_the_size_rule_finds_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "m.py").write_text(f"def f():\n{body}\n\n\nclass C:\n    def g(self):\n        pass\n")
+    assert long_functions([tmp_path / "m.py"], tmp_path) == [(MAX_FUNCTION_LINES + 1, "m.py:f")]
