@@ -9,6 +9,7 @@ Imports inside functions count (they are edges all the same when the function ru
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "harness"
@@ -101,6 +102,52 @@ def test_the_walk_finds_a_reintroduced_circle():
     src = mods["harness.hardware"].read_text() + "\n\ndef _f():\n    from harness.engines.vllm import derive_dtype\n"
     graph = import_graph(mods, {"harness.hardware": src})
     assert any("harness.hardware" in c and "harness.engines.vllm" in c for c in cycles(graph))
+
+
+# ---- the layers docs/harness.md draws ----------------------------------------------------------------------------
+
+DOC = ROOT.parent / "docs" / "harness.md"
+MAX_UPWARD = 3
+
+
+def drawn_layers(text: str) -> dict[str, int]:
+    """The drawing under "### The layers": each name (or `pkg.*`, `pkg.*.mod`) -> its line, 0 the bottom."""
+    block = text.split("### The layers", 1)[1].split("```", 2)[1]
+    lines = [line for line in block.strip("\n").split("\n") if line.strip()]
+    return {name: i for i, line in enumerate(reversed(lines)) for name in re.split(r",\s*", line.strip())}
+
+
+def layer_of(module: str, layers: dict[str, int]) -> int | None:
+    """The line of a module: its own name's, else the most specific `.*` pattern's that matches it."""
+    rel = "harness" if module == "harness" else module[len("harness."):]
+    if rel in layers:
+        return layers[rel]
+    found = [(len(pat), i) for pat, i in layers.items() if "*" in pat
+             and re.fullmatch(re.escape(pat).replace(r"\*", r"[^.]+" if not pat.endswith(".*") or pat.count("*") > 1
+                                                    else r".+"), rel)]
+    return max(found)[1] if found else None
+
+
+def upward(graph: dict[str, set[str]], layers: dict[str, int]) -> list[tuple[str, str]]:
+    return sorted((m, d) for m, deps in graph.items() for d in deps
+                  if (a := layer_of(m, layers)) is not None and (b := layer_of(d, layers)) is not None and b > a)
+
+
+def test_every_module_has_a_layer_and_at_most_three_imports_go_up():
+    layers = drawn_layers(DOC.read_text())
+    graph = import_graph(_modules())
+    assert [m for m in graph if layer_of(m, layers) is None] == [], "add them to docs/harness.md's drawing"
+    assert len(upward(graph, layers)) <= MAX_UPWARD, upward(graph, layers)
+
+
+def test_the_layer_check_finds_an_import_upwards():
+    layers = drawn_layers(DOC.read_text())
+    mods = _modules()
+    src = mods["harness.paths"].read_text() + "\n\ndef _f():\n    from harness import report\n"
+    found = upward(import_graph(mods, {"harness.paths": src}), layers)
+    assert ("harness.paths", "harness.report") in found
+    assert layer_of("harness.workloads.serving.views", layers) == layer_of("harness.report", layers)
+    assert layer_of("harness.engines.vllm", layers) > layer_of("harness.engines.base", layers)
 
 
 # ---- rooms of a readable size ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from harness import metrics, serving
+from harness.workloads.serving import views as serving_views
 
 
 class FakeServer:
@@ -406,6 +407,6 @@ def test_the_crosscheck_page_puts_vllms_printed_medians_beside_the_harnesss():
     assert (bench.arm, bench.client, ours.client, bench.n) == ("bench", "vllm-bench", "harness", 3)
     assert bench.printed == {"ttft_p50_s": pytest.approx(0.201), "itl_all_p50_s": pytest.approx(0.02)}  # "n/a" left out
     assert ours.printed == {} and ours.ours["ttft_p50_s"] == pytest.approx(0.11) and "tpot_p50_s" not in ours.ours
-    rows = report.sections._tools(series)
+    rows = serving_views.tools(series)
     assert rows[0]["ttft_p50_s_printed"] == "201" and rows[1]["ttft_p50_s"] == "110" and rows[1]["tpot_p50_s"] == ""
     assert analysis.tool_medians(series[:3]) == []  # no vllm-bench arm: no such table

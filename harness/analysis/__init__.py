@@ -4,7 +4,7 @@ statistics, fidelity gates and between-series spread. Returns typed rows; harnes
 A series is (grid sha256, host key). Runs are paired by (cell, arm, pass) inside one series only.
 
     series.py   artifacts grouped into series per host; build, model and weight identities; fidelity gates
-    serving.py  what a served load's runs derive: load points, rate sweeps, the client tools' medians
+    (the serving workload kind's: harness/workloads/serving/analysis.py, re-exported here)
     (here)      the paired comparisons of a series, calibration, across hosts, between series, ceilings
 """
 
@@ -21,8 +21,9 @@ from harness.grid import in_family
 from harness.analysis.series import (_BUILD_IDS, _MODEL_IDS, _WEIGHT_SHAS, Newest, all_series, build_id, by_host, by_key,
                                      fidelity_gates, fidelity_key, forget, gate, isa_cap, machine_key, mixed_builds,
                                      model_id, newest_by_grid_and_host, newest_series, weight_shas)
-from harness.analysis.serving import (LOAD_LATENCIES, TOOL_MEDIANS, CapacityRow, SweepRate, SweepView, ToolMedians,
-                                      load_of, load_points, sweep_view, tool_medians)
+# the serving workload kind's analysis (harness/workloads/serving), read here by the plots, the HTML site and tests
+from harness.workloads.serving.analysis import (LOAD_LATENCIES, TOOL_MEDIANS, CapacityRow, SweepRate, SweepView,
+                                                ToolMedians, load_of, load_points, sweep_view, tool_medians)
 
 # what the report, the summary and the tests read here (series.py and serving.py hold them)
 __all__ = ["ALPHA", "LOAD_LATENCIES", "TOOL_MEDIANS", "_BUILD_IDS", "_MODEL_IDS", "_WEIGHT_SHAS", "AARow", "AcrossRow",

@@ -21,15 +21,15 @@ import harness.grid.fidelity as _fidelity
 from harness.grid.cells import arms_for, expand, family, in_family, model_forms
 from harness.grid.fidelity import Build, FidelityGrid
 from harness.grid.parse import from_dict, model_name
-from harness.grid.spec import (ARM_FIELDS, AXIS_NAMES, HOSTS, LOAD_AXES, LOAD_FIELDS, MAX_ALIASES, MAX_ARMS,
+from harness.grid.spec import (ARM_FIELDS, AXIS_NAMES, HOSTS, MAX_ALIASES, MAX_ARMS,
                                MAX_CELLS, MAX_DEPTH, MAX_GRID_BYTES, MAX_NODES, MAX_RULES, MAX_RUNS, MAX_TIMEOUT_S,
-                               NUMERIC_AXES, ORDERS, SLO_FIELDS, STRING_AXES, TOP_FIELDS, WORKLOAD_FIELDS, Arm, Cell,
+                               NUMERIC_AXES, ORDERS, STRING_AXES, TOP_FIELDS, WORKLOAD_FIELDS, Arm, Cell,
                                GridSpec, cell_id, cpu_list, hardware_of, machine_cpus, model_of)
 from harness.grid.yamlfile import entries, grid_name, only_fields, read_yaml
 
-__all__ = ["ARM_FIELDS", "AXIS_NAMES", "HOSTS", "LOAD_AXES", "LOAD_FIELDS", "MAX_ALIASES", "MAX_ARMS", "MAX_CELLS",
+__all__ = ["ARM_FIELDS", "AXIS_NAMES", "HOSTS", "MAX_ALIASES", "MAX_ARMS", "MAX_CELLS",
            "MAX_DEPTH", "MAX_GRID_BYTES", "MAX_NODES", "MAX_RULES", "MAX_RUNS", "MAX_TIMEOUT_S", "NUMERIC_AXES",
-           "ORDERS", "SLO_FIELDS", "STRING_AXES", "TOP_FIELDS", "WORKLOAD_FIELDS", "Arm", "Build", "Cell",
+           "ORDERS", "STRING_AXES", "TOP_FIELDS", "WORKLOAD_FIELDS", "Arm", "Build", "Cell",
            "FidelityGrid", "GridSpec", "arms_for", "cell_id", "cpu_list", "entries", "expand", "family", "from_dict",
            "grid_name", "hardware_of", "in_family", "load", "machine_cpus", "model_forms", "model_name", "model_of",
            "only_fields", "read_yaml"]

@@ -8,13 +8,13 @@ from typing import Any
 
 from harness import views
 from harness.engines import engine_class, get_engine
-import harness.grid.serving as serving
 import harness.grid.validate as validate
+from harness import workloads
 from harness.engines.capabilities import Patches, capability
-from harness.grid.spec import (ARM_FIELDS, AXIS_NAMES, ENV_NAME, HOSTS, LOAD_AXES, MAX_ARMS, MAX_CELLS, MAX_NAME_BYTES,
+from harness.grid.spec import (ARM_FIELDS, AXIS_NAMES, ENV_NAME, HOSTS, MAX_ARMS, MAX_CELLS, MAX_NAME_BYTES,
                                MAX_RULE_CHECKS, MAX_RULES, MAX_RUNS, MAX_TIMEOUT_S, NUMERIC_AXES, OBSERVE, ORDERS,
-                               PRIMARY_FIELDS, STRING_AXES, TOP_FIELDS, WHY_NO_DEFAULTS, WORKLOAD_FIELDS, Arm, GridSpec,
-                               cpu_list, err, integer, name_problem, opt, short)
+                               PRIMARY_FIELDS, STRING_AXES, TOP_FIELDS, Arm, GridSpec, cpu_list, err, integer,
+                               name_problem, opt, short)
 from harness.grid.yamlfile import entries, grid_name, only_fields
 
 
@@ -38,12 +38,9 @@ def _rule_values(path: str, fld: str, rule: dict, allow_arm: bool) -> None:
             continue
         if k not in AXIS_NAMES:
             raise err(path, f"{fld}.{k}", "unknown axis", f"known: {', '.join(AXIS_NAMES)}{', arm' if allow_arm else ''}")
-        if k == "rate" and isinstance(v, str):
-            from harness import sweep
-            if not sweep.is_point(v):
-                raise err(path, f"{fld}.{k}", f"{short(v)} is no point of a rate sweep",
-                          "sync, max or sweep-KofM (the cells of `harness plan`), or a number")
-        elif k in NUMERIC_AXES:
+        if _kind_value(path, f"{fld}.{k}", k, v, rule=True):
+            continue
+        if k in NUMERIC_AXES:
             integer(path, f"{fld}.{k}", v)
         elif not isinstance(v, str) or not v:
             raise err(path, f"{fld}.{k}", f"must be a name, got {short(v)}")
@@ -151,7 +148,7 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     arms = _arms(path, doc, model, cpus)
     names = [a.name for a in arms]
     axes = _axes(path, doc)
-    fixed, load, slo = _workload(path, doc, axes, arms)
+    fixed, kind_fields = _workload(path, doc, axes, arms)
     passes = integer(path, "passes", doc.get("passes", 1))
     repetitions = integer(path, "repetitions", doc.get("repetitions", 3))
     warmups = integer(path, "warmups", doc.get("warmups", 1), lo=0)
@@ -159,9 +156,6 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     order = doc.get("order", "interleaved")
     if order not in ORDERS:
         raise err(path, "order", f"unknown order {short(order)}", f"allowed: {', '.join(ORDERS)}")
-    if load is not None and "points" in load and order != "interleaved":
-        raise err(path, "order", f"a rate sweep runs interleaved (each pass measures its probes before the rates "
-                  f"derived from them), not {order}", "drop order, or set order: interleaved")
     baseline = doc.get("baseline", names[0])
     if baseline not in names:
         raise err(path, "baseline", f"unknown arm {short(baseline)}", f"arms: {', '.join(names)}")
@@ -187,8 +181,9 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     spec = GridSpec(hosts=hosts, path=path, sha256=sha256, name=name, description=description, model=model,
                     arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc), primary=primary,
                     passes=passes, repetitions=repetitions, warmups=warmups,
-                    order=order, seed=seed, baseline=baseline, timeout_s=float(timeout), load=load, slo=slo)
-    serving.validate_load(spec)
+                    order=order, seed=seed, baseline=baseline, timeout_s=float(timeout), **kind_fields)
+    for kind in workloads.kinds():
+        kind.validate(spec)
     validate.engines(spec, cpus)
     validate.user_forms(spec)
     return spec
@@ -241,12 +236,10 @@ def _axes(path: str, doc: dict) -> dict[str, list]:
         vals = v if isinstance(v, list) else [v]
         if not vals:
             raise err(path, f"axes.{k}", "must list at least one value")
-        if k == "rate":
+        if k not in STRING_AXES:
             for x in vals:
-                serving.parse_rate(path, "axes.rate", x)
-        elif k not in STRING_AXES:
-            for x in vals:
-                integer(path, f"axes.{k}", x)
+                if not _kind_value(path, f"axes.{k}", k, x, rule=False):
+                    integer(path, f"axes.{k}", x)
         elif not all(isinstance(x, str) and x for x in vals):
             raise err(path, f"axes.{k}", f"must list names, got {short(vals)}")
         seen: set = set()
@@ -257,21 +250,24 @@ def _axes(path: str, doc: dict) -> dict[str, list]:
     return axes
 
 
-def _workload(path: str, doc: dict, axes: dict[str, list], arms: list[Arm]) -> tuple[dict, dict | None, dict | None]:
-    """The cells' fixed parameters (the workload's, less what the axes vary), the grid's load and its slo. A rate
-    sweep's points become the rate axis (harness/sweep.py)."""
+def _kind_value(path: str, fld: str, axis: str, v: Any, rule: bool) -> bool:
+    """A value of an axis a workload kind adds, checked by that kind (False: no kind's, the numeric rule applies)."""
+    return any(kind.axis_value(path, fld, axis, v, rule) for kind in workloads.kinds())
+
+
+def _workload(path: str, doc: dict, axes: dict[str, list], arms: list[Arm]) -> tuple[dict, dict[str, Any]]:
+    """The cells' fixed parameters (the workload's, less what the axes vary), and the GridSpec fields the workload
+    kinds set (harness/workloads): each kind takes its own fields of `workload:` and may add axes."""
     workload = opt(doc, "workload", {})
     if not isinstance(workload, dict):
         raise err(path, "workload", f"must be a mapping, got {short(workload)}")
     workload = dict(workload)
-    load, load_cells = serving.parse_load(path, workload.pop("load", None), axes)
-    if load is not None and "points" in load:
-        from harness import sweep
-        axes["rate"] = sweep.points(load["points"])
-    slo = serving.parse_slo(path, workload.pop("slo", None), load)
-    for k in LOAD_AXES:
-        if k in workload:
-            raise err(path, f"workload.{k}", "is a field of workload.load", f"write workload.load.{k}")
+    spec_fields: dict[str, Any] = {}
+    kind_cells: dict[str, Any] = {}
+    for kind in workloads.kinds():
+        fields, cells = kind.parse(path, workload, axes)
+        spec_fields |= fields
+        kind_cells |= cells
     for k in workload:
         if k not in NUMERIC_AXES:
             where = {"form": "set form on each arm, or as axes.form", "hardware": "set hardware on an arm, or as "
@@ -281,16 +277,15 @@ def _workload(path: str, doc: dict, axes: dict[str, list], arms: list[Arm]) -> t
     if "threads" in doc:
         fixed.setdefault("threads", integer(path, "threads", doc["threads"]))
     fixed.setdefault("batch", 1)
-    fixed |= load_cells
-    for w in WORKLOAD_FIELDS:
-        if w not in fixed and w not in axes:
-            raise err(path, f"workload.{w}", "is required and has no default", f"set it; {WHY_NO_DEFAULTS}")
+    fixed |= kind_cells
+    for kind in workloads.kinds():
+        kind.require(path, fixed, axes)
     if "threads" not in fixed and "threads" not in axes and not all("threads" in a.options for a in arms):
         raise err(path, "threads", "is required (top level, workload, an axis, or every arm)",
                   "set the thread count you mean to measure")
     for k in axes:
         fixed.pop(k, None)
-    return fixed, load, slo
+    return fixed, spec_fields
 
 
 def _size(path: str, axes: dict[str, list], n_arms: int, passes: int) -> int:

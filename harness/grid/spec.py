@@ -32,13 +32,6 @@ ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", 
               "hardware"}
 OBSERVE = ("full", "bare")
 NUMERIC_AXES = tuple(a for a in AXIS_NAMES if a not in STRING_AXES)
-# A server engine's load (harness/serving.py, docs/serving.md): workload.load and workload.slo; concurrency and
-# rate are cell parameters (fixed there, or axes), the rest of the load is the grid's
-LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed", "points"}
-LOAD_AXES = ("concurrency", "rate")
-SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")  # bounds in seconds; `share` (a sweep's capacity rule) is apart
-MAX_LOAD_REQUESTS = 100_000
-MAX_RATE = 10_000.0
 
 # What a grid file may be, checked before and while it is read (hostile or broken input is refused, never a hang):
 MAX_GRID_BYTES = 1 << 20  # the file itself (the largest committed grid is under 3 KB)
@@ -102,8 +95,10 @@ class GridSpec:
     timeout_s: float
     primary: dict[str, Any] | None = None  # the declared primary comparisons: the family given verdicts
     hosts: str = "spread"  # fleet placement of passes (HOSTS)
-    load: dict[str, Any] | None = None  # a server grid's load, less what cells carry (LOAD_AXES); None: no load
-    slo: dict[str, float] | None = None  # latency bounds of goodput (SLO_FIELDS)
+    # set by the serving workload kind (harness/workloads/serving): a server grid's load, less what cells carry
+    # (concurrency, rate; None: no load), and the latency bounds of goodput
+    load: dict[str, Any] | None = None
+    slo: dict[str, float] | None = None
 
     def load_of(self, params: dict, resolved: dict | None = None) -> Any:
         """The load of a cell (harness/serving.py Load). A rate sweep's point (harness/sweep.py) takes its rate

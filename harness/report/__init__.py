@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import analysis, summary, views
+from harness import analysis, summary, views, workloads
 from harness.analysis import by_host, by_key
 from harness.errors import UserError
 from harness.grid import read_yaml
@@ -29,8 +29,8 @@ from harness.report.memo import _Output
 from harness.report.pages import (INDEX, PAGE_MARK, Pages, check_pages, grid_pages, orphan_pages, page_name,
                                   summary_intro, summary_view, verdict_lines, write_pages)
 from harness.report.readme import BLOCKS, block_markers, readme_text, render_block
-from harness.report.sections import (_context, _scale, _steps, _sweep, _tools, across_hosts,
-                                     ceiling_section, fidelity_section, grid_section, plot_names, targets_block)
+from harness.report.sections import (_context, _scale, _steps, across_hosts, ceiling_section, fidelity_section,
+                                     grid_section, plot_names, targets_block)
 from harness.store import gc_paused
 
 # what the CLI, the HTML site and the tests reach here (the submodules hold them)
@@ -111,8 +111,8 @@ def _render_all(store_dirs: list[str], c: Collected) -> tuple[Pages, list[dict],
             sec["steps"] = _steps(sec, series, cal_by_host) if spec.shows("steps") else None
             sec["targets"] = targets_block(spec.targets, series)
             sec["context"] = _context(sec, series, cal_by_host) if spec.shows("context") else None
-            sec["sweep"] = _sweep(sec, series)
-            sec["tools"] = _tools(series)
+            for kind in workloads.kinds():  # each workload kind's own views of the series (sweep, tools: serving's)
+                sec.update(kind.views(sec, series))
             sec["plots"] = plot_names(sec)
             sections.append(sec)
     ctx = {"sections": sections, "fidelity": fsections, "ceilings": ceiling, "stores": store_dirs,

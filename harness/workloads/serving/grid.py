@@ -7,8 +7,15 @@ import math
 from typing import Any
 
 from harness.engines import engine_class
-from harness.grid.spec import (LOAD_AXES, LOAD_FIELDS, MAX_LOAD_REQUESTS, MAX_RATE, SLO_FIELDS, GridSpec, err, integer,
-                               short)
+from harness.grid.spec import GridSpec, err, integer, short
+
+# workload.load and workload.slo; concurrency and rate are cell parameters (fixed in the load, or axes), the rest of
+# the load is the grid's (GridSpec.load)
+LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed", "points"}
+LOAD_AXES = ("concurrency", "rate")
+SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")  # bounds in seconds; `share` (a sweep's capacity rule) is apart
+MAX_LOAD_REQUESTS = 100_000
+MAX_RATE = 10_000.0
 
 
 def parse_rate(path: str, fld: str, v: Any) -> float:
@@ -110,6 +117,9 @@ def parse_slo(path: str, raw: Any, load: dict | None) -> dict[str, float] | None
 
 def validate_load(spec: GridSpec) -> None:
     """A load needs server engines and server engines need a load; a server is sent requests, not batches."""
+    if spec.load is not None and "points" in spec.load and spec.order != "interleaved":
+        raise err(spec.path, "order", f"a rate sweep runs interleaved (each pass measures its probes before the rates "
+                  f"derived from them), not {spec.order}", "drop order, or set order: interleaved")
     serves = {a.name: getattr(engine_class(a.engine), "serves", False) for a in spec.arms}
     if spec.load is not None:
         other = [n for n, s in serves.items() if not s]
@@ -132,3 +142,34 @@ def validate_load(spec: GridSpec) -> None:
         if srv:
             raise err(spec.path, "workload.load", f"is required: arm {srv[0]!r} runs a server engine",
                       "add workload.load: {concurrency: N, requests: M} (docs/serving.md)")
+
+
+def parse(path: str, workload: dict[str, Any], axes: dict[str, list]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """workload.load and workload.slo, taken out of `workload`: (GridSpec's load and slo, the cell parameters the
+    load fixes). A rate sweep's points become the rate axis (harness/sweep.py)."""
+    load, cells = parse_load(path, workload.pop("load", None), axes)
+    if load is not None and "points" in load:
+        from harness import sweep
+        axes["rate"] = sweep.points(load["points"])
+    slo = parse_slo(path, workload.pop("slo", None), load)
+    for k in LOAD_AXES:
+        if k in workload:
+            raise err(path, f"workload.{k}", "is a field of workload.load", f"write workload.load.{k}")
+    return {"load": load, "slo": slo}, cells
+
+
+def axis_value(path: str, fld: str, axis: str, v: Any, rule: bool) -> bool:
+    """A value of the rate axis: a number of requests per second; in an include/exclude/primary rule also a
+    point of a rate sweep (sync, max, sweep-KofM, as `harness plan` names cells). False: not this kind's to judge."""
+    if axis != "rate":
+        return False
+    if not rule:
+        parse_rate(path, fld, v)
+        return True
+    if not isinstance(v, str):
+        return False  # a number in a rule is held to the numeric axes' rule
+    from harness import sweep
+    if not sweep.is_point(v):
+        raise err(path, fld, f"{short(v)} is no point of a rate sweep",
+                  "sync, max or sweep-KofM (the cells of `harness plan`), or a number")
+    return True

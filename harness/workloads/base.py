@@ -1,0 +1,41 @@
+"""The workload kind contract: what one kind of workload owns, beside the engines' contract."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from harness.grid import GridSpec
+
+
+class WorkloadKind:
+    """One kind of workload (text generation in-process, serving under load, ...).
+
+    - `axis_value` checks a value of an axis it adds (serving: rate).
+    - `parse` reads its fields of the grid's `workload:` mapping (removing them; a field no kind takes is refused)
+      and returns the GridSpec fields it sets and the cell parameters it fixes; it may add axes (a rate sweep's
+      points). `require` holds the cells' fixed parameters to its rules once every kind has parsed.
+    - `validate` checks the whole spec (its engines can run it), after parsing, at plan.
+    - `metrics`: the metrics its runs report, name -> (unit, higher is better, definition).
+    - `views`: the report's keys of a grid section for one series of its runs (None where it does not apply).
+    """
+
+    name: ClassVar[str] = ""
+    metrics: ClassVar[dict[str, tuple[str, bool, str]]] = {}
+
+    def parse(self, path: str, workload: dict[str, Any], axes: dict[str, list]) -> tuple[dict[str, Any], dict]:
+        return {}, {}
+
+    def axis_value(self, path: str, fld: str, axis: str, v: Any, rule: bool) -> bool:
+        """Check a value of an axis this kind adds (`rule`: in an include, exclude or primary rule); False where
+        the axis is not this kind's (the grid's own rule for numeric axes applies)."""
+        return False
+
+    def require(self, path: str, fixed: dict[str, Any], axes: dict[str, list]) -> None:
+        """Refuse cells whose fixed parameters and axes lack what this kind needs."""
+
+    def validate(self, spec: "GridSpec") -> None:
+        """Refuse a spec this kind's runs cannot have (its engines, its fields together)."""
+
+    def views(self, sec: dict[str, Any], series: list) -> dict[str, Any]:
+        return {}
