@@ -131,13 +131,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.executor == "ray":
         from harness import fleet
-        s = fleet.run(args.grid, store_root=args.store, address=args.address, insecure=args.insecure,
+        s = fleet.run_on_fleet(args.grid, store_root=args.store, address=args.address, insecure=args.insecure,
                       new_series=args.new_series)
         return 0 if s.failed == 0 else 1
     if args.address or args.insecure:
         raise UserError("--address/--insecure", "only apply to --executor ray", "add --executor ray, or drop them")
     from harness import execute
-    s = execute.run(args.grid, store_root=args.store, new_series=args.new_series)
+    s = execute.run_grid(args.grid, store_root=args.store, new_series=args.new_series)
     return 0 if s.failed == 0 else 1
 
 
@@ -228,7 +228,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
     from harness import fidelity
-    r = fidelity.run(args.grid, store_root=args.store, references_root=args.references)
+    r = fidelity.run_fidelity(args.grid, store_root=args.store, references_root=args.references)
     if r.failed_builds or r.errors:
         print(f"fidelity: {len(r.failed_builds)} build(s) below threshold ({', '.join(r.failed_builds) or 'none'}), "
               f"{len(r.errors)} error(s)", file=sys.stderr)

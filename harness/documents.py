@@ -46,7 +46,7 @@ def engine_ref(block: dict[str, Any], name: str, overrides: dict | None = None) 
                      patches=block.get("patches", []), overrides={**block.get("overrides", {}), **(overrides or {})})
 
 
-def run(*, status: str, error: str | None, stderr_tail: str | None, grid: GridRef, model: dict | ModelRef,
+def run_artifact(*, status: str, error: str | None, stderr_tail: str | None, grid: GridRef, model: dict | ModelRef,
         engine: EngineRef, host: dict, timing: dict, execution: Execution, workload: Workload, residency: Residency,
         metrics: dict[str, Any], attribution: dict | None = None, harness: dict | None = None,
         serving: dict | None = None) -> RunArtifact:

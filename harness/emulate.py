@@ -35,7 +35,7 @@ class Emulation:
     native: dict[str, Any]  # this machine's profile
     cpus: list[int]
     env: dict[str, str] = field(default_factory=dict)
-    llamacpp_variant: str | None = None
+    isa_variant: str | None = None  # the ISA tier the engines' builds are capped at (their variant); None: native
     balloons: list = field(default_factory=list)
     balloon_bytes: int = 0
     available_at_start: int | None = None
@@ -68,7 +68,7 @@ def plan(name: str, threads: int, arm_cpus: list[int] | None, where: str) -> Emu
     if hc.arch == "x86_64" and em.isa_capped:
         aten, onednn, _ = TORCH_CAPS[hc.isa_tier]
         em.env = {"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "EDGE_HARNESS_ISA_TIER": hc.isa_tier}
-        em.llamacpp_variant = hc.isa_tier
+        em.isa_variant = hc.isa_tier
     return em
 
 

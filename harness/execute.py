@@ -299,7 +299,7 @@ def lost_artifact(spec: grid.GridSpec, run: RunSpec, m: Machine, t0: float, t1: 
                            cpus=list(arm.cpus or runner.default_cpus(threads)), env=env, executor=executor)
 
 
-def run(grid_path: str, store_root: str | Path = "artifacts", new_series: bool = False, out=None) -> RunSummary:
+def run_grid(grid_path: str, store_root: str | Path = "artifacts", new_series: bool = False, out=None) -> RunSummary:
     """The grid on this machine."""
     return execute(grid_path, Local(out), store_root, new_series, out)
 

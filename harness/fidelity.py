@@ -317,7 +317,7 @@ def _references(g: FidelityGrid, ref_opts: dict, eng_blocks: dict, refs: Store, 
     return references
 
 
-def run(grid_path: str, store_root: str = "artifacts", references_root: str = "baselines/quality",
+def run_fidelity(grid_path: str, store_root: str = "artifacts", references_root: str = "baselines/quality",
         out=None) -> FidelityRun:
     out = out or sys.stderr
     g = load_grid(grid_path)

@@ -280,7 +280,7 @@ class Ray:
             self.ray.shutdown()
 
 
-def run(grid_path: str, store_root: str | Path = "artifacts", address: str | None = None, insecure: bool = False,
+def run_on_fleet(grid_path: str, store_root: str | Path = "artifacts", address: str | None = None, insecure: bool = False,
         new_series: bool = False, out=None) -> Any:
     """The grid across the machines of a Ray cluster: the one execution loop (harness.execute) with Ray."""
     from harness.execute import execute

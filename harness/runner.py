@@ -68,11 +68,11 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
     ctx = RunContext(spec=spec, run=run, arm=arm, threads=threads, cpus=cpus, workdir=workdir, timeout_s=spec.timeout_s,
                      store_root=store_root, observe=observe)
     if em:
-        ctx.env, ctx.isa_variant = dict(em.env), em.llamacpp_variant
+        ctx.env, ctx.isa_variant = dict(em.env), em.isa_variant
         ctx.profile = profile
         ctx.isa = profile["isa"] if profile else None
-        if em.llamacpp_variant:
-            engine.provision(em.llamacpp_variant)  # the capped build, made before anything is measured
+        if em.isa_variant:
+            engine.provision(em.isa_variant)  # the capped build, made before anything is measured
         emulate.inflate(em)  # the balloon holds from before the residency scan to after the last one
     held = True
     try:
@@ -114,7 +114,7 @@ def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, t
     arm = spec.arm(run.arm)
     engine = get_engine(arm.engine)
     p = run.cell.params
-    return documents.run(
+    return documents.run_artifact(
         status=res.status, error=res.error, stderr_tail=res.stderr_tail,
         grid=GridRef(path=spec.path, sha256=spec.sha256, name=spec.name, cell=run.cell.id, cell_params=p, arm=arm.name,
                      pass_index=run.pass_index, position=run.position, order=spec.order, seed=spec.seed,

@@ -142,7 +142,7 @@ def clean_env(repo: Path) -> dict[str, str]:
     return env
 
 
-def run(repo: Path, cold: bool, demo: bool, log_path: Path, keep: bool) -> dict:
+def run_suite(repo: Path, cold: bool, demo: bool, log_path: Path, keep: bool) -> dict:
     """`make test` (then `make demo`) in a fresh clone of `repo`'s HEAD: the result's fields but the verdict."""
     from harness import probe
     host = probe.probe()
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     log = Path(args.log) if args.log else Path(tempfile.gettempdir()) / f"edge-suitebench-{int(time.time())}.log"
     try:
-        result = run(Path(top.stdout.splitlines()[0]), not args.warm, args.demo, log, args.keep)
+        result = run_suite(Path(top.stdout.splitlines()[0]), not args.warm, args.demo, log, args.keep)
     except KeyboardInterrupt:
         print(f"harness.suitebench: interrupted; the run's output so far is in {log}", file=sys.stderr)
         return 130

@@ -117,7 +117,7 @@ def _scheduler(engine):
     return getattr(core, "scheduler", None)
 
 
-def run(cfg: dict) -> dict:
+def measure(cfg: dict) -> dict:
     threads = int(cfg["threads"])
     cpus = cfg.get("cpus") or list(range(threads))
     _bind_env(cfg)
@@ -303,7 +303,7 @@ def fidelity(cfg: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    mode = run
+    mode = measure
     if argv and argv[0] == "--fidelity":
         mode, argv = fidelity, argv[1:]
     cfg_path, out_path = argv[0], argv[1]

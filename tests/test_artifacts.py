@@ -22,7 +22,7 @@ def store(tmp_path_factory):
     d = tmp_path_factory.mktemp("art")
     g = d / "cmd.yaml"
     g.write_text(COMMAND_GRID)
-    execute.run(str(g), store_root=d / "store")
+    execute.run_grid(str(g), store_root=d / "store")
     return d / "store"
 
 

@@ -136,7 +136,7 @@ def test_two_versions_of_one_grid_by_sha(cli, tmp_path):
     shas = []
     for desc in ("first", "second"):
         g.write_text(textwrap.dedent(GRID.format(desc=desc)))
-        assert execute.run(str(g), store_root=store, new_series=desc == "second").failed == 0
+        assert execute.run_grid(str(g), store_root=store, new_series=desc == "second").failed == 0
         shas.append(max((json.loads(p.read_text()) for p in (store / "cmpv").glob("*.json")),
                         key=lambda d: d["timing"]["end"])["grid"]["sha256"])
     assert shas[0] != shas[1]

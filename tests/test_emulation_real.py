@@ -72,7 +72,7 @@ def _run(tmp_path, monkeypatch, base):
     cls = _near_class(base, monkeypatch, tmp_path)
     g = tmp_path / "emu.yaml"
     g.write_text(_grid(cls))
-    s = execute.run(str(g), store_root=tmp_path / "store")
+    s = execute.run_grid(str(g), store_root=tmp_path / "store")
     arts = {json.loads(p.read_text())["grid"]["arm"]: json.loads(p.read_text())
             for p in Store(tmp_path / "store").iter_paths("emu")}
     assert s.failed == 0, {k: a.get("error") for k, a in arts.items()}

@@ -90,7 +90,7 @@ def test_executorch_forms_a_real_run_and_fidelity(tmp_path):
 
     g = tmp_path / "etreal.yaml"
     g.write_text(GRID.format(name="etreal", form="pte-8da4w", ctx=64))
-    s = execute.run(str(g), store_root=tmp_path / "store")
+    s = execute.run_grid(str(g), store_root=tmp_path / "store")
     docs = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("etreal")]
     assert s.failed == 0 and len(docs) == 1, [a.get("error") for a in docs]
     (a,) = docs
@@ -107,7 +107,7 @@ def test_executorch_forms_a_real_run_and_fidelity(tmp_path):
 
     (tmp_path / "prompts.json").write_text(json.dumps(PROMPTS))
     (tmp_path / "etfid.yaml").write_text(FIDELITY_GRID)
-    r = fidelity.run(str(tmp_path / "etfid.yaml"), str(tmp_path / "fid"), str(tmp_path / "refs"))
+    r = fidelity.run_fidelity(str(tmp_path / "etfid.yaml"), str(tmp_path / "fid"), str(tmp_path / "refs"))
     assert r.errors == [], r.errors
     ref = json.loads(next(Store(tmp_path / "refs").iter_paths("etfid")).read_text())
     fids = {d["grid"]["build"]: d for d in (json.loads(p.read_text()) for p in Store(tmp_path / "fid").iter_paths("etfid"))}

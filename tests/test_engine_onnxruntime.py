@@ -117,7 +117,7 @@ def test_onnxruntime_forms_a_real_run_and_fidelity(tmp_path):
 
     g = tmp_path / "ortreal.yaml"
     g.write_text(GRID.format(name="ortreal", form="onnx-int4"))
-    s = execute.run(str(g), store_root=tmp_path / "store")
+    s = execute.run_grid(str(g), store_root=tmp_path / "store")
     docs = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("ortreal")]
     assert s.failed == 0 and len(docs) == 1, [a.get("error") for a in docs]
     (a,) = docs
@@ -134,7 +134,7 @@ def test_onnxruntime_forms_a_real_run_and_fidelity(tmp_path):
 
     (tmp_path / "prompts.json").write_text(json.dumps(PROMPTS))
     (tmp_path / "ortfid.yaml").write_text(FIDELITY_GRID)
-    r = fidelity.run(str(tmp_path / "ortfid.yaml"), str(tmp_path / "fid"), str(tmp_path / "refs"))
+    r = fidelity.run_fidelity(str(tmp_path / "ortfid.yaml"), str(tmp_path / "fid"), str(tmp_path / "refs"))
     assert r.errors == [], r.errors
     ref = json.loads(next(Store(tmp_path / "refs").iter_paths("ortfid")).read_text())
     fids = {d["grid"]["build"]: d for d in (json.loads(p.read_text()) for p in Store(tmp_path / "fid").iter_paths("ortfid"))}

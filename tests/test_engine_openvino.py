@@ -78,7 +78,7 @@ def test_a_missing_package_is_one_line_naming_the_extra(monkeypatch):
 def test_openvino_beside_llamacpp_on_the_same_gguf(tmp_path):
     g = tmp_path / "ovreal.yaml"
     g.write_text(GRID.format(name="ovreal", form="gguf-q8_0"))
-    s = execute.run(str(g), store_root=tmp_path / "store")
+    s = execute.run_grid(str(g), store_root=tmp_path / "store")
     docs = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("ovreal")]
     arts = {a["grid"]["arm"]: a for a in docs}
     assert s.failed == 0, [a.get("error") for a in docs]
@@ -169,7 +169,7 @@ def test_openvino_fidelity_greedy_is_the_speed_path_and_forced_scores_itself_exa
 
     (tmp_path / "prompts.json").write_text(json.dumps(PROMPTS))
     (tmp_path / "ovfid.yaml").write_text(FIDELITY_GRID)
-    r = fidelity.run(str(tmp_path / "ovfid.yaml"), str(tmp_path / "store"), str(tmp_path / "refs"))
+    r = fidelity.run_fidelity(str(tmp_path / "ovfid.yaml"), str(tmp_path / "store"), str(tmp_path / "refs"))
     assert r.errors == [] and r.failed_builds == [], r.errors
     ref = json.loads(next(Store(tmp_path / "refs").iter_paths("ovfid")).read_text())
     fid = json.loads(next(Store(tmp_path / "store").iter_paths("ovfid")).read_text())

@@ -55,7 +55,7 @@ def tiny_store(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     g = d / "tiny.yaml"
     g.write_text(TINY_GRID)
-    s = execute.run(str(g), store_root=d / "store")
+    s = execute.run_grid(str(g), store_root=d / "store")
     return s, d / "store"
 
 

@@ -170,6 +170,6 @@ def test_a_machine_that_refuses_mid_grid_stops_and_gives_its_passes_back(write_g
 def test_ctrl_c_on_the_cli_exits_130(write_grid, cli, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(execute, "run", interrupted)
+    monkeypatch.setattr(execute, "run_grid", interrupted)
     rc, _, err = cli("run", write_grid(COMMAND_GRID))
     assert rc == 130

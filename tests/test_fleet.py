@@ -83,7 +83,7 @@ def _grid(tmp_path: Path, name: str, s: float, passes: int) -> Path:
 
 def test_each_pass_on_one_machine_one_run_at_a_time(cluster, tmp_path):
     g = _grid(tmp_path, "serial", 0.3, 3)
-    s = fleet.run(str(g), store_root=tmp_path / "store", address=cluster.address)
+    s = fleet.run_on_fleet(str(g), store_root=tmp_path / "store", address=cluster.address)
     assert (s.done, s.failed) == (6, 0)
     docs = _docs(tmp_path / "store", "fleet-serial")
     spec = grid.load(g)
@@ -100,7 +100,7 @@ def test_each_pass_on_one_machine_one_run_at_a_time(cluster, tmp_path):
     n, problems = _problems(tmp_path / "store", verify_models=False)
     assert n == 6 and problems == []
     # a second run finds everything stored by this machine: nothing to do
-    again = fleet.run(str(g), store_root=tmp_path / "store", address=cluster.address)
+    again = fleet.run_on_fleet(str(g), store_root=tmp_path / "store", address=cluster.address)
     assert (again.done, again.failed) == (0, 0)
 
 
@@ -126,7 +126,7 @@ def test_agent_lost_mid_run_is_stored_failed_and_a_rerun_fills_only_it(cluster, 
     g = tmp_path / "lost.yaml"
     g.write_text(LOST_GRID.replace("MARKER", str(tmp_path / "killed")))
     store = tmp_path / "store"
-    s = fleet.run(str(g), store_root=store, address=cluster.address)
+    s = fleet.run_on_fleet(str(g), store_root=store, address=cluster.address)
     assert (s.done, s.failed) == (3, 1)
     docs = _docs(store, "fleet-lost")
     lost = [d for d in docs if d["status"] != "ok"]
@@ -138,7 +138,7 @@ def test_agent_lost_mid_run_is_stored_failed_and_a_rerun_fills_only_it(cluster, 
     assert out == [], "an engine process outlived its agent"
     n, problems = _problems(store, verify_models=False)
     assert n == 4 and problems == []
-    again = fleet.run(str(g), store_root=store, address=cluster.address)
+    again = fleet.run_on_fleet(str(g), store_root=store, address=cluster.address)
     assert (again.done, again.failed) == (1, 0)
     new = [d for d in _docs(store, "fleet-lost") if d["id"] not in {x["id"] for x in docs}]
     assert [d["grid"]["run_key"] for d in new] == [lost[0]["grid"]["run_key"]]
@@ -158,7 +158,7 @@ c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_m
 try:
     print("accepts", fleet.accepts_without_token(c.address))
     try:
-        fleet.run(sys.argv[1], store_root=sys.argv[2], address=c.address)
+        fleet.run_on_fleet(sys.argv[1], store_root=sys.argv[2], address=c.address)
     except UserError as e:
         print("refused", e)
 finally:
@@ -238,7 +238,7 @@ timeout_s: 600
 def test_real_engines_through_ray_give_the_artifacts_of_a_local_run(cluster, tmp_path):
     g = tmp_path / "ray-engines.yaml"
     g.write_text(RAY_ENGINES_GRID)
-    s = fleet.run(str(g), store_root=tmp_path / "store", address=cluster.address)
+    s = fleet.run_on_fleet(str(g), store_root=tmp_path / "store", address=cluster.address)
     docs = _docs(tmp_path / "store", "ray-engines")
     assert s.failed == 0, [d.get("error") for d in docs]
     spec = grid.load(g)

@@ -212,7 +212,7 @@ def test_model_axis_runs_each_cell_on_its_model(tmp_path):
     g.write_text("name: m\narms:\n  - {name: a, engine: command, options: {cmd: 'true'}}\n"
                  "workload: {prompt_len: 1, context_len: 1, gen_len: 1}\nthreads: 1\npasses: 1\nrepetitions: 1\n"
                  "warmups: 0\naxes: {model: [tiny-llama, smollm2-135m]}\n")
-    execute.run(str(g), store_root=tmp_path / "store")
+    execute.run_grid(str(g), store_root=tmp_path / "store")
     arts = [a for a in Store(tmp_path / "store").load_grid("m")]
     assert sorted(a.grid.cell_params["model"] for a in arts) == ["smollm2-135m", "tiny-llama"]
 

@@ -157,7 +157,7 @@ def test_hardware_axis_and_native(tmp_path):
 
 def test_isa_record_reads_llamacpp_system_info():
     em = emulate.Emulation(cls=hardware.get_class("x86-baseline-2c-8g"),
-                           native={"isa_tier": "avx2"}, cpus=[0, 1], llamacpp_variant="baseline")
+                           native={"isa_tier": "avx2"}, cpus=[0, 1], isa_variant="baseline")
     good = "CPU : SSE3 = 1 | SSSE3 = 1 | LLAMAFILE = 1 | OPENMP = 1 | "
     bad = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | "
     assert emulate.isa_record(em, "llama.cpp", {"system_info": good})["status"] == "emulated"

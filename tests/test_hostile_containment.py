@@ -300,7 +300,7 @@ def test_the_command_engine_leaves_nothing_running_after_an_ok_run(write_grid, t
         timeout_s: 30
     """)
     try:
-        s = execute.run(str(g), store_root=tmp_path / "st")
+        s = execute.run_grid(str(g), store_root=tmp_path / "st")
         (art,) = [load_path(p) for p in Store(tmp_path / "st").iter_paths("hostile")]
         assert s.done == 1 and art.status == "ok", art.error
         assert art.metrics["wall_s"].samples[0] < 10

@@ -53,7 +53,7 @@ def test_lock_that_is_a_symlink_is_refused_and_its_target_untouched(write_grid, 
 def test_lock_of_a_real_run_is_not_truncated(write_grid, tmp_path):
     from conftest import COMMAND_GRID
     g = write_grid(COMMAND_GRID.replace("passes: 4", "passes: 1"))
-    execute.run(str(g), store_root=tmp_path / "st")
+    execute.run_grid(str(g), store_root=tmp_path / "st")
     lock = tmp_path / "st" / "cmd" / ".lock"
     assert lock.is_file() and not lock.is_symlink()
 

@@ -66,9 +66,9 @@ def test_resume_never_counts_another_hosts_runs(write_grid, tmp_path, monkeypatc
     with monkeypatch.context() as m:
         other = other_machine()
         m.setattr(provenance, "host_static", lambda: other)
-        s0 = execute.run(str(g), store_root=tmp_path / "st")
-    s1 = execute.run(str(g), store_root=tmp_path / "st")  # this machine: nothing of it is stored yet
-    s2 = execute.run(str(g), store_root=tmp_path / "st")
+        s0 = execute.run_grid(str(g), store_root=tmp_path / "st")
+    s1 = execute.run_grid(str(g), store_root=tmp_path / "st")  # this machine: nothing of it is stored yet
+    s2 = execute.run_grid(str(g), store_root=tmp_path / "st")
     assert (s0.done, s1.done, s1.skipped, s2.done, s2.skipped) == (8, 8, 0, 0, 8)
     arts = _arts(tmp_path / "st", "cmd")
     keys = {a.host.key for a in arts}
@@ -81,8 +81,8 @@ def test_report_renders_one_series_per_host_and_never_pairs_across(write_grid, t
     with monkeypatch.context() as m:
         other = other_machine()
         m.setattr(provenance, "host_static", lambda: other)
-        execute.run(str(g), store_root=tmp_path / "st")
-    execute.run(str(g), store_root=tmp_path / "st")
+        execute.run_grid(str(g), store_root=tmp_path / "st")
+    execute.run_grid(str(g), store_root=tmp_path / "st")
     me = provenance.current_host_key()
     # this host's baseline runs are gone from its series: its arm b has nothing to pair with on this host,
     # and must not borrow the other host's baseline
@@ -114,7 +114,7 @@ def test_an_arm_whose_engine_build_changed_is_flagged(write_grid, tmp_path, monk
         return info
     monkeypatch.setattr(Command, "engine_info", changing)
     g = write_grid(COMMAND_GRID)
-    execute.run(str(g), store_root=tmp_path / "st")
+    execute.run_grid(str(g), store_root=tmp_path / "st")
     text, sections = report.build([str(tmp_path / "st")])
     assert any("different engine builds" in w for s in sections for w in s["warnings"])
     assert "different engine builds" in text and text.count("build sha256 `") >= 2
@@ -125,7 +125,7 @@ def test_ceiling_and_auto_policy_are_per_host(write_grid, tmp_path, on_other_mac
     from harness.engines.vllm import measured_costs
     # the other machine measures a speed grid that the ceiling reads; only the published host has a calibration
     g = write_grid(COMMAND_GRID.replace("name: cmd", "name: cmd-ceiling") + "report: {ceiling: true}\n")
-    execute.run(str(g), store_root=tmp_path / "st")
+    execute.run_grid(str(g), store_root=tmp_path / "st")
     shutil.copytree(PROJECT_ROOT / "baselines" / "calibration", tmp_path / "st" / "calibration")
     published = load_path(next((PROJECT_ROOT / "baselines" / "calibration").glob("*.json"))).host.key
     _, _, ctx = report.build_all([str(tmp_path / "st")])
@@ -150,7 +150,7 @@ def test_without_git_artifacts_are_valid_and_check_needs_a_flag(write_grid, tmp_
     real = provenance.harness_info
     monkeypatch.setattr(provenance, "harness_info", lambda root=None: real(outside))
     g = write_grid(COMMAND_GRID)
-    s = execute.run(str(g), store_root=tmp_path / "st")
+    s = execute.run_grid(str(g), store_root=tmp_path / "st")
     assert s.done == 8
     rc, out, _ = cli("check", tmp_path / "st")
     assert rc == 1 and "harness.commit" in out and "--allow-unknown-commit" in out
@@ -178,7 +178,7 @@ def test_a_tampered_host_key_is_reported(write_grid, tmp_path, cli):
     from conftest import COMMAND_GRID
     from harness.artifact import compute_id
     g = write_grid(COMMAND_GRID)
-    execute.run(str(g), store_root=tmp_path / "st")
+    execute.run_grid(str(g), store_root=tmp_path / "st")
     p = next(Store(tmp_path / "st").iter_paths("cmd"))
     doc = json.loads(p.read_text())
     doc["host"]["key"] = "0" * 12

@@ -45,7 +45,7 @@ def test_q4_k_m_form_records_the_types_it_holds_and_llamacpp_runs_it(tmp_path):
 
     g = tmp_path / "kq.yaml"
     g.write_text(GRID)
-    s = execute.run(str(g), store_root=tmp_path / "store")
+    s = execute.run_grid(str(g), store_root=tmp_path / "store")
     docs = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("kq")]
     assert s.failed == 0 and len(docs) == 1, [a.get("error") for a in docs]
     (a,) = docs

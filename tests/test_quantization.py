@@ -140,7 +140,7 @@ def test_the_gptq_layout_and_the_head_trap_are_made_and_run_through_the_w4a16_ke
     assert h["quantized_modules"] == {"count": 15, "head": True} and h["tie_word_embeddings"] is False
 
     (tmp_path / "w4real.yaml").write_text(REAL)
-    s = execute.run(str(tmp_path / "w4real.yaml"), store_root=tmp_path / "store")
+    s = execute.run_grid(str(tmp_path / "w4real.yaml"), store_root=tmp_path / "store")
     docs = {d["grid"]["arm"]: d for d in (json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("w4real"))}
     assert s.failed == 0 and set(docs) == {"gptq", "head"}, [d.get("error") for d in docs.values()]
     lm = {arm: d["execution"]["effective"]["linear_methods"] for arm, d in docs.items()}

@@ -27,7 +27,7 @@ def test_failure_and_timeout_are_stored_and_grid_goes_on(write_grid, tmp_path):
         warmups: 0
         timeout_s: 1
     """)
-    s = execute.run(str(g), store_root=tmp_path / "st")
+    s = execute.run_grid(str(g), store_root=tmp_path / "st")
     arts = {a.grid.arm: a for a in _arts(tmp_path / "st", "faults")}
     assert s.done == 1 and s.failed == 2
     assert arts["ok"].status == "ok"
@@ -62,7 +62,7 @@ def test_a_bare_arm_runs_without_observers_and_says_so(write_grid, tmp_path, cli
         repetitions: 1
         warmups: 0
     """)
-    execute.run(str(g), store_root=tmp_path / "st")
+    execute.run_grid(str(g), store_root=tmp_path / "st")
     arts = {a.grid.arm: a for a in _arts(tmp_path / "st", "bare")}
     assert arts["bare"].execution.observe == "bare" and arts["observed"].execution.observe == "full"
     assert arts["bare"].residency.peak_memory["status"].startswith("not observed")

@@ -62,7 +62,7 @@ def _server_pids(mark: str, exe_part: str = "llama-server") -> list[int]:
 def _run(tmp_path, name, load, reps=1, env=""):
     g = tmp_path / f"{name}.yaml"
     g.write_text(GRID.format(name=name, load=load, reps=reps, env=env))
-    execute.run(str(g), store_root=tmp_path / "store")
+    execute.run_grid(str(g), store_root=tmp_path / "store")
     docs = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths(name)]
     assert len(docs) == 1
     return docs[0]
@@ -81,7 +81,7 @@ def served(tmp_path_factory):
         vbench = _run(d, "vbench", "{concurrency: 2, requests: 6}", env=", options: {client: vllm-bench}")
         g = d / "sweep.yaml"
         g.write_text(GRID.format(name="sweep", load="{rate: sweep, points: 3, requests: 4}", reps=1, env=""))
-        execute.run(str(g), store_root=d / "store")
+        execute.run_grid(str(g), store_root=d / "store")
         sweep = {a["grid"]["cell_params"]["rate"]: a for a in
                  (json.loads(p.read_text()) for p in Store(d / "store").iter_paths("sweep"))}
         left = set(_server_pids(mark)) - before
@@ -265,7 +265,7 @@ def test_vllm_server_with_the_patched_runtime_at_a_capped_poisson_rate(tmp_path)
     g.write_text(GRID.format(name="vs", load="{rate: 8, arrival: poisson, concurrency: 2, requests: 8}", reps=1, env="")
                  .replace("{name: llama-server, engine: llama-server, form: gguf-f32}",
                           "{name: vllm-server, engine: vllm-server, form: hf-fp32}").replace("timeout_s: 120", "timeout_s: 300"))
-    execute.run(str(g), store_root=tmp_path / "store")
+    execute.run_grid(str(g), store_root=tmp_path / "store")
     (a,) = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("vs")]
     assert a["status"] == "ok", a.get("error")
     assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
@@ -317,7 +317,7 @@ def test_an_endpoint_the_harness_does_not_start_is_recorded_as_external(tmp_path
         g.write_text(GRID.format(name="ext", load="{concurrency: 2, requests: 4}", reps=1, env="").replace(
             "{name: llama-server, engine: llama-server, form: gguf-f32}",
             f"{{name: ext, engine: openai, options: {{url: 'http://127.0.0.1:{port}'}}}}"))
-        execute.run(str(g), store_root=tmp_path / "store")
+        execute.run_grid(str(g), store_root=tmp_path / "store")
         (a,) = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("ext")]
     finally:
         srv.kill()

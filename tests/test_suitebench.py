@@ -53,7 +53,7 @@ def test_a_cold_run_times_its_phases_and_names_what_it_left(tmp_path, monkeypatc
     monkeypatch.setenv("MAKEFLAGS", "-j7")
     monkeypatch.setenv("VIRTUAL_ENV", str(repo / ".venv"))
     monkeypatch.setenv("PATH", f"{repo / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    r = suitebench.run(repo, cold=True, demo=True, log_path=tmp_path / "log", keep=False)
+    r = suitebench.run_suite(repo, cold=True, demo=True, log_path=tmp_path / "log", keep=False)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     assert r["commit"] == head and r["rc"] == 0 and r["cold"] is True
     assert r["tests"] == {"passed": 3, "skipped": 1, "warning": 2, "seconds": 0.25}
@@ -76,7 +76,7 @@ def test_a_cold_run_times_its_phases_and_names_what_it_left(tmp_path, monkeypatc
 
 def test_a_failed_run_is_not_met_and_keeps_its_last_lines(tmp_path):
     repo = _repo(tmp_path / "repo", FAILING)
-    r = suitebench.run(repo, cold=False, demo=False, log_path=tmp_path / "log", keep=True)
+    r = suitebench.run_suite(repo, cold=False, demo=False, log_path=tmp_path / "log", keep=True)
     try:
         assert r["rc"] == 2 and r["setup_s"] is None and r["pytest_s"] is None and r["tests"] == {}
         assert r["tail"][0] == "cmake: not found" and "Error 2" in r["tail"][-1]

@@ -119,7 +119,7 @@ def test_prebuilt_binaries_run_and_say_they_were_not_built_here(tmp_path):
     pinned = llamacpp_build.load_manifest()
     bindir = Path(pinned["binaries"]["llama-bench"]["path"]).parent
     g = _grid(tmp_path, f"{{bin: {bindir}}}")
-    s = execute.run(str(g), store_root=tmp_path / "st")
+    s = execute.run_grid(str(g), store_root=tmp_path / "st")
     assert (s.done, s.failed) == (2, 0)
     arts = {a.grid.arm: a for a in (load_path(p) for p in Store(tmp_path / "st").iter_paths("ub"))}
     mine, base = arts["mine"].engine, arts["pinned"].engine

@@ -62,7 +62,7 @@ def test_your_hf_model_by_path_runs_on_both_engines_and_is_recorded(hf_dir, tmp_
     from harness.check import check
     shutil.copytree(hf_dir, tmp_path / "m")
     g = _grid(tmp_path, "{name: my-llama, hf: m}")  # relative to the grid file
-    s = execute.run(str(g), store_root=tmp_path / "st")
+    s = execute.run_grid(str(g), store_root=tmp_path / "st")
     assert (s.done, s.failed) == (2, 0)
     arts = {a.grid.arm: a for a in (load_path(p) for p in Store(tmp_path / "st").iter_paths("own"))}
     for a in arts.values():
@@ -215,7 +215,7 @@ def test_fidelity_of_your_model_is_scored_against_its_own_full_precision_form(hf
     from harness.errors import UserError
     shutil.copytree(hf_dir, tmp_path / "m")
     g = _fidelity_grid(tmp_path, "  - {name: q8, engine: llama.cpp, form: gguf-q8_0}")
-    r = fidelity.run(str(g), store_root=str(tmp_path / "st"), references_root=str(tmp_path / "refs"))
+    r = fidelity.run_fidelity(str(g), store_root=str(tmp_path / "st"), references_root=str(tmp_path / "refs"))
     assert r.errors == []
     arts = [load_path(p) for p in r.written]
     ref, build = [a for a in arts if a.kind == "reference"], [a for a in arts if a.kind == "fidelity"]
