@@ -164,3 +164,75 @@ def test_an_engine_without_a_capability_gets_its_defaults():
         capability(cmd, Patches).validate_patches("g.yaml", "arms[a].patches", "none")
     vllm = get_engine("vllm")
     assert capability(vllm, Sizing) is vllm and capability(vllm, Patches) is vllm
+
+
+TOY = {
+    "__init__.py": '''
+from harness.engines.base import Engine, failed
+from harness.engines.capabilities import Limits
+
+
+class Toy(Engine, Limits):
+    """An engine of a new on-disk format (toy-*), made from a model's hf-fp32 by its own converter."""
+    name = "toy"
+    default_form = "toy-copy"
+    form_prefix = "toy-"
+    form_maker = "toy_engine.forms"  # the capability the zoo reaches through the registry
+    metrics = ("wall_s",)
+
+    def engine_info(self):
+        return {"name": "toy", "version": "0", "build_commit": "n/a", "build": {}}
+
+    def run(self, ctx, form):
+        return failed("failed", "a toy", [], {})
+''',
+    "forms.py": '''
+FORMS = {"toy-copy": "the model's config, copied"}
+
+
+def recipe(form):
+    return {"converter": "copy", "version": 1}
+
+
+def build(hf_dir, out, form):
+    out.mkdir(parents=True)
+    (out / "config.json").write_bytes((hf_dir / "config.json").read_bytes())
+    return {"path": f"{out.name}/config.json", "format": "toy", "dtype": "float32", "from": "hf-fp32",
+            "recipe": recipe(form)}
+''',
+}
+
+
+def test_an_engine_of_a_new_format_is_one_package_and_one_registry_line(tmp_path, monkeypatch):
+    """docs/engines.md's walk-through, as the code is: the package (its class and its form maker) and one line
+    in ENGINES; the zoo derives its forms and a grid plans an arm of it, with no other module touched."""
+    import sys
+
+    from harness import engines, grid, models
+    pkg = tmp_path / "toy_engine"
+    pkg.mkdir()
+    for name, text in TOY.items():
+        (pkg / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    caches = (engines.engine_class, engines.form_makers, models.derived_forms)
+
+    def clear():
+        for c in caches:
+            c.cache_clear()
+    monkeypatch.setitem(engines.ENGINES, "toy", "toy_engine:Toy")  # the one registry line
+    clear()
+    try:
+        maker = models.derived_forms()["toy-copy"]
+        assert maker.__name__ == "toy_engine.forms" and maker.recipe("toy-copy") == {"converter": "copy", "version": 1}
+        doc = {"name": "g", "model": "tiny-llama", "arms": [{"name": "t", "engine": "toy"}], "threads": 1,
+               "workload": {"prompt_len": 8, "context_len": 16, "gen_len": 4}}
+        spec = grid.from_dict(doc, "g.yaml", "0" * 64)
+        assert grid.model_forms(spec) == {"tiny-llama": ["toy-copy"]}
+        with pytest.raises(UserError, match="toy needs a toy-\\* form"):
+            engines.get_engine("toy").check("tiny-llama", "gguf-f32")
+    finally:
+        monkeypatch.delitem(engines.ENGINES, "toy")
+        clear()
+        for m in ("toy_engine", "toy_engine.forms"):
+            sys.modules.pop(m, None)
+    assert "toy-copy" not in models.derived_forms()
