@@ -13,6 +13,7 @@ the capabilities whose members it sets.
     StepParts   what each part of a timed decode step is in this engine (harness/metrics.py step_parts)
     Yardsticks  how the report and exports set it beside others (llama-bench's twin, the summary's reference)
     Patches     runtime patches an arm may choose (`patches`)
+    Serves      a server engine: sent a load by a client (the serving workload kind), never a batch
 """
 
 from __future__ import annotations
@@ -167,7 +168,14 @@ class Patches:
         """An arm's `patches`, checked against the patches the engine has."""
 
 
-CAPABILITIES = (Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks, Patches)
+class Serves:
+    """A server engine (harness/engines/server): the serving workload kind sends it a load, and only it."""
+
+    def refuse_load(self, path: str, arm: "Arm", load: dict[str, Any]) -> None:
+        """Refuse a load this arm cannot be sent (its client's limits), in one line naming the grid's field."""
+
+
+CAPABILITIES = (Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks, Patches, Serves)
 
 
 class _Absent:

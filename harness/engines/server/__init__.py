@@ -24,16 +24,15 @@ from pydantic import Field
 from harness import metrics, models, serving
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_worker,
                                   setting)
-from harness.engines.capabilities import Fidelity, Limits, Patches
+from harness.engines.capabilities import Fidelity, Limits, Patches, Serves
 from harness.errors import UserError
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 
 
-class ServerEngine(Engine, Limits, Fidelity):
+class ServerEngine(Engine, Limits, Fidelity, Serves):
     """What every server engine shares: the load, the prompts, the worker, the serving metrics."""
 
-    serves: ClassVar[bool] = True
     # an open loop's achieved rate is read back, never equal to the asked one: recorded, not enforced
     observe_only = frozenset({"load.rate"})
     honours = frozenset({"prompt_len", "gen_len", "context_len", "warmups", "repetitions", "load"})
@@ -41,6 +40,13 @@ class ServerEngine(Engine, Limits, Fidelity):
     health: ClassVar[str] = "/health"
     info_paths: ClassVar[tuple[str, ...]] = ()
     log_patterns: ClassVar[tuple[str, ...]] = ()  # lines of the server's log its settings are read from
+
+    def refuse_load(self, path: str, arm: Any, load: dict[str, Any]) -> None:
+        """vllm bench serve (the cross-check's client, options.client) sends poisson or gamma arrivals only."""
+        if arm.options.get("client") == "vllm-bench" and load["arrival"] == "constant":
+            raise UserError(path, f"workload.load.arrival: constant arrivals cannot be sent by vllm bench serve "
+                                  f"(arm {arm.name!r}'s options.client)",
+                            "use arrival: poisson or gamma, or client: harness")
 
     def server(self, ctx: RunContext, form: str, opts: Any) -> dict[str, Any] | None:
         """The server to start ({cmd with {port}, env}), or None: an endpoint the harness does not start."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.engines import engine_class
+from harness.engines import engine_class, get_engine
+from harness.engines.capabilities import Serves, capability, has
 from harness.grid.spec import GridSpec, err, integer, short
 
 # workload.load and workload.slo; concurrency and rate are cell parameters (fixed in the load, or axes), the rest of
@@ -120,16 +121,14 @@ def validate_load(spec: GridSpec) -> None:
     if spec.load is not None and "points" in spec.load and spec.order != "interleaved":
         raise err(spec.path, "order", f"a rate sweep runs interleaved (each pass measures its probes before the rates "
                   f"derived from them), not {spec.order}", "drop order, or set order: interleaved")
-    serves = {a.name: getattr(engine_class(a.engine), "serves", False) for a in spec.arms}
+    serves = {a.name: has(engine_class(a.engine), Serves) for a in spec.arms}
     if spec.load is not None:
         other = [n for n, s in serves.items() if not s]
         if other:
             raise err(spec.path, f"arms[{other[0]}].engine", f"{spec.arm(other[0]).engine} runs no load "
                       "(workload.load is for server engines)", "use llama-server or openai, or drop workload.load")
-        bench = [a.name for a in spec.arms if a.options.get("client") == "vllm-bench"]
-        if bench and spec.load["arrival"] == "constant":
-            raise err(spec.path, "workload.load.arrival", f"constant arrivals cannot be sent by vllm bench serve "
-                      f"(arm {bench[0]!r}'s options.client)", "use arrival: poisson or gamma, or client: harness")
+        for a in spec.arms:  # what each server engine's client can send (its own rule)
+            capability(get_engine(a.engine), Serves).refuse_load(spec.path, a, spec.load)
         conc = spec.axes.get("concurrency") or [spec.fixed.get("concurrency", 1)]
         if max(conc) > spec.load["requests"]:
             raise err(spec.path, "workload.load.requests", f"{spec.load['requests']} requests cannot keep "
