@@ -13,6 +13,7 @@ The emulated class is part of the host key (probe.key_inputs): emulated and nati
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -98,6 +99,38 @@ def inflate(em: Emulation) -> None:
     em.balloon_bytes = sum(b.requested for b in em.balloons)
     after = meminfo().get("available_bytes")
     em.available_at_start = after if isinstance(after, int) else None
+
+
+class Applied:
+    """emulate.applied's handle: after the block, whether the memory cap held to the end."""
+    held: bool = True
+
+
+@contextlib.contextmanager
+def applied(em: "Emulation | None", engine: Any):
+    """Run the block under an emulated class's caps (nothing for None): the engine's build capped at the class's
+    ISA tier, provisioned first where the engine has one; the balloon inflated before the block and released
+    after it, the handle's `held` then saying whether it held to the end."""
+    handle = Applied()
+    if em is None:
+        yield handle
+        return
+    if em.isa_variant:
+        engine.provision(em.isa_variant)  # the capped build, made before anything is measured
+    inflate(em)
+    try:
+        yield handle
+    finally:
+        handle.held = deflate(em)
+
+
+def as_host(em: Emulation, host: dict) -> dict:
+    """The host of a run under an emulated class: a host of its own (the class is part of its key), the machine
+    it was emulated on kept as machine_key (the report's series)."""
+    from harness.probe import host_key
+    out = {**host, "machine_key": host["key"], "emulation": em.cls.name}
+    out["key"] = host_key(out)
+    return out
 
 
 def deflate(em: Emulation) -> bool:

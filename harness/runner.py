@@ -1,4 +1,5 @@
-"""One run on this machine: the engine in a fresh process, residency before and after, the artifact.
+"""One run on this machine: planned (plan_run), executed (the engine in a fresh process under the plan's caps,
+residency before and after), and its artifact built (build).
 
 The loop around runs (resume, locks, ETA, writing) is harness/execute.py, one for every executor.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +19,11 @@ from harness.engines import get_engine
 from harness.engines.base import EngineResult, RunContext
 from harness.engines.capabilities import Sizing, capability
 from harness.errors import UserError
-from harness.probe import host_key as key_of
 from harness.residency import files_residency
 from harness.schedule import RunSpec
 
 NO_MODEL = "none"
+
 
 def model_block(model: str, form: str) -> tuple[dict, dict[str, Path]]:
     if model == NO_MODEL or form == "none":
@@ -47,9 +49,55 @@ def threads_of(arm: grid.Arm, params: dict) -> int:
     return int(arm.options.get("threads") or params.get("threads"))
 
 
+@dataclass
+class RunPlan:
+    """What one run will do, decided before anything runs: the engine and the form it loads, the model's files,
+    the threads and CPUs, and the emulated hardware class it runs under (None: native)."""
+    arm: grid.Arm
+    engine: Any
+    threads: int
+    cpus: list[int]
+    form: str
+    form_override: dict
+    model_block: dict
+    weights: dict[str, Path]
+    observe: bool
+    em: emulate.Emulation | None = None
+    profile: dict | None = None  # the emulated class's profile (None: this machine's)
+
+
+@dataclass
+class Executed:
+    """What executing a plan gave: the engine's result, the host and timing around it, the weights' residency
+    before and after, and whether an emulated class's memory cap held to the end."""
+    res: EngineResult
+    host: dict
+    timing: dict
+    before: dict
+    after: dict
+    held: bool = True
+
+
 def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path | None = None,
             executor: dict | None = None) -> Any:
-    """One run: residency before, the engine in a fresh process, residency after, the artifact."""
+    """One run: planned, executed in a fresh process of the engine under the plan's caps, and its artifact built."""
+    plan = plan_run(spec, run)
+    workdir = Path(tempfile.mkdtemp(prefix=f"run-{run.run_key}-", dir=workroot))
+    ctx = RunContext(spec=spec, run=run, arm=plan.arm, threads=plan.threads, cpus=plan.cpus, workdir=workdir,
+                     timeout_s=spec.timeout_s, store_root=store_root, observe=plan.observe)
+    if plan.em:
+        ctx.env, ctx.isa_variant = dict(plan.em.env), plan.em.isa_variant
+        ctx.profile = plan.profile
+        ctx.isa = plan.profile["isa"] if plan.profile else None
+    out = execute(plan, ctx)
+    a = build(spec, run, plan, out, executor)
+    shutil.rmtree(workdir, ignore_errors=True)  # everything the artifact needs is in it
+    return a
+
+
+def plan_run(spec: grid.GridSpec, run: RunSpec) -> RunPlan:
+    """The run's plan: its emulated class checked against this machine (emulate.plan), the form resolved (`auto`
+    by the class's profile or this machine's), the model's files hashed, its CPUs chosen."""
     arm = spec.arm(run.arm)
     engine = get_engine(arm.engine)
     threads = threads_of(arm, run.cell.params)
@@ -62,49 +110,46 @@ def run_one(spec: grid.GridSpec, run: RunSpec, workroot: Path, store_root: Path 
     form_override = {"form": {"requested": "auto", "effective": form, "rule": capability(engine, Sizing).form_for(
         profile or hardware.current_profile())[1]}} if asked == "auto" else {}
     mblock, weights = model_block(model, form)
-    cpus = em.cpus if em else (arm.cpus or default_cpus(threads))
-    observe = arm.observe != "bare"
-    workdir = Path(tempfile.mkdtemp(prefix=f"run-{run.run_key}-", dir=workroot))
-    ctx = RunContext(spec=spec, run=run, arm=arm, threads=threads, cpus=cpus, workdir=workdir, timeout_s=spec.timeout_s,
-                     store_root=store_root, observe=observe)
-    if em:
-        ctx.env, ctx.isa_variant = dict(em.env), em.isa_variant
-        ctx.profile = profile
-        ctx.isa = profile["isa"] if profile else None
-        if em.isa_variant:
-            engine.provision(em.isa_variant)  # the capped build, made before anything is measured
-        emulate.inflate(em)  # the balloon holds from before the residency scan to after the last one
-    held = True
-    try:
-        before = files_residency(weights) if observe else {}
+    return RunPlan(arm=arm, engine=engine, threads=threads, cpus=em.cpus if em else (arm.cpus or default_cpus(threads)),
+                   form=form, form_override=form_override, model_block=mblock, weights=weights,
+                   observe=arm.observe != "bare", em=em, profile=profile)
+
+
+def execute(plan: RunPlan, ctx: RunContext) -> Executed:
+    """The engine's run, under the plan's emulated caps (emulate.applied: the capped build, the balloon held from
+    before the residency scan to after the last one), with residency scanned around it. A harness-side crash in
+    the run is a failed result (the grid goes on); a refusal (UserError) stops it."""
+    with emulate.applied(plan.em, plan.engine) as caps:
+        before = files_residency(plan.weights) if plan.observe else {}
         span = provenance.Span()
         try:
-            res: EngineResult = engine.run(ctx, form)
+            res: EngineResult = plan.engine.run(ctx, plan.form)
         except UserError:
             raise
         except Exception as e:  # a harness-side crash in one run is stored, the grid goes on
             from harness.engines.base import failed
             res = failed("failed", f"{type(e).__name__}: {e}", [], {})
         host, timing = span.finish()
-        after = files_residency(weights) if observe else {}
-    finally:
-        if em:
-            held = emulate.deflate(em)
-    emulation = None
-    if em:
-        host["machine_key"] = host["key"]  # the machine the class was emulated on (the report's series)
-        host["emulation"] = em.cls.name  # part of the host key: an emulated class is a host of its own
-        host["key"] = key_of(host)
-        emulation = emulate.record(em, engine.name, res.effective, res.settings, held)
-    page_cache = "not observed (arm observe: bare)" if not observe else "none" if not before else (
+        after = files_residency(plan.weights) if plan.observe else {}
+    return Executed(res=res, host=host, timing=timing, before=before, after=after, held=caps.held)
+
+
+def build(spec: grid.GridSpec, run: RunSpec, plan: RunPlan, out: Executed, executor: dict | None = None) -> Any:
+    """The run's artifact: the host (an emulated class is a host of its own), the emulation's record, the
+    residency and page-cache state, and what the engine returned."""
+    host, emulation = out.host, None
+    if plan.em:
+        host = emulate.as_host(plan.em, host)
+        emulation = emulate.record(plan.em, plan.engine.name, out.res.effective, out.res.settings, out.held)
+    before = out.before
+    page_cache = "not observed (arm observe: bare)" if not plan.observe else "none" if not before else (
         "warm" if all(v["resident_bytes"] >= 0.99 * v["total_bytes"] for v in before.values()) else
         "cold" if all(v["resident_bytes"] == 0 for v in before.values()) else "partial")
-    residency = {"before": before, "after_load": res.after_load, "after_run": after,
-                 "peak_memory": res.peak_memory, "page_cache": page_cache}
-    a = document(spec, run, res, host, timing, model_block=mblock, threads=threads, cpus=cpus,
-                   form_override=form_override, emulation=emulation, residency=residency, executor=executor)
-    shutil.rmtree(workdir, ignore_errors=True)  # everything the artifact needs is in it
-    return a
+    residency = {"before": before, "after_load": out.res.after_load, "after_run": out.after,
+                 "peak_memory": out.res.peak_memory, "page_cache": page_cache}
+    return document(spec, run, out.res, host, out.timing, model_block=plan.model_block, threads=plan.threads,
+                    cpus=plan.cpus, form_override=plan.form_override, emulation=emulation, residency=residency,
+                    executor=executor)
 
 
 def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, timing: dict, *, model_block: dict,
