@@ -97,21 +97,17 @@ def measure(max_threads: int | None = None, reps: int = 5, store_root: str = "ba
         raise UserError("harness probe --bandwidth", f"--repetitions: must be at least 1, got {reps}", "pass 1 or more")
     bf16 = None
     if em:
-        from harness import emulate, hardware
+        from harness import hardware
         bf16 = bool(hardware.profile_from_class(em.cls, "")["isa"].get("avx512_bf16"))
-        emulate.inflate(em)
-    try:
+    from harness import emulate
+    with emulate.applied(em, None) as applied:  # no engine: the kernels run under the class's env caps
         span = provenance.Span()
         per_threads = _measure_threads(n, reps, allowed, em.env if em else {}, bf16, out)
         host, timing = span.finish()
-    finally:
-        held = emulate.deflate(em) if em else True
+    held = applied.held
     method_emulation = None
     if em:
-        from harness.probe import host_key
-        host["machine_key"] = host["key"]
-        host["emulation"] = em.cls.name
-        host["key"] = host_key(host)
+        host = emulate.as_host(em, host)
         caps = {"torch_cpu_capability": sorted({r["torch_cpu_capability"] for r in per_threads}),
                 "memory_available_at_start": em.available_at_start, "balloon_held": held,
                 "cpus": allowed, "env": em.env}

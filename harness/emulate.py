@@ -109,13 +109,13 @@ class Applied:
 @contextlib.contextmanager
 def applied(em: "Emulation | None", engine: Any):
     """Run the block under an emulated class's caps (nothing for None): the engine's build capped at the class's
-    ISA tier, provisioned first where the engine has one; the balloon inflated before the block and released
-    after it, the handle's `held` then saying whether it held to the end."""
+    ISA tier, provisioned first where the engine has one (`engine` None: none, as calibration's kernels); the
+    balloon inflated before the block and released after it, the handle's `held` then saying whether it held."""
     handle = Applied()
     if em is None:
         yield handle
         return
-    if em.isa_variant:
+    if em.isa_variant and engine is not None:
         engine.provision(em.isa_variant)  # the capped build, made before anything is measured
     inflate(em)
     try:

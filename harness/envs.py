@@ -16,16 +16,20 @@ from harness.errors import UserError
 from harness.paths import cache_root
 
 
-# Every environment of its own the project makes ("module:function" returning its python and freeze sha256):
+# The environments of their own the project makes besides the engines' ("module:function" returning its python and
+# freeze sha256); an engine declares its own (`environment` on its class: harness.engines.environments).
 # `harness build --environments` (so `make`) makes them all, beside the llama.cpp builds
-ENVIRONMENTS = ("harness.engines.executorch.forms:env_python", "harness.quantizers:ensure_env")
+ENVIRONMENTS = ("harness.quantizers:ensure_env",)
 
 
 def ensure_all() -> dict[str, dict[str, str]]:
-    """Make (or find made) every environment of ENVIRONMENTS: by folder name, its python and `pip freeze` sha256."""
+    """Make (or find made) every environment, the engines' and ENVIRONMENTS: by folder name, its python and `pip
+    freeze` sha256."""
     import importlib
+
+    from harness.engines import environments
     out = {}
-    for target in ENVIRONMENTS:
+    for target in (*environments(), *ENVIRONMENTS):
         mod, fn = target.split(":")
         py, sha = getattr(importlib.import_module(mod), fn)()
         out[Path(py).parent.parent.name] = {"python": str(py), "freeze_sha256": sha}

@@ -43,7 +43,8 @@ def get_engine(name: str):
 # - form_maker: the module whose offline converter derives forms from a prepared model's hf-fp32 (FORMS,
 #   recipe(form), build(hf_dir, out, form)), made when a grid or fidelity build first loads one;
 # - gguf_toolchain: the module whose pinned build converts and quantizes the zoo's GGUF forms (variant,
-#   user_build, source_dir, binary, code_key, TOOL_KEY).
+#   user_build, source_dir, binary, code_key, TOOL_KEY);
+# - environment: the "module:function" that makes the engine's environment of its own (harness/envs.py).
 @lru_cache(maxsize=1)
 def form_makers() -> dict[str, Any]:
     """Each derived form -> the module that makes it, from every engine that declares a form_maker."""
@@ -54,6 +55,12 @@ def form_makers() -> dict[str, Any]:
             m = importlib.import_module(mod)
             out.update({f: m for f in m.FORMS})
     return out
+
+
+def environments() -> tuple[str, ...]:
+    """The environments of their own the engines need ("module:function" returning its python and freeze
+    sha256, harness/envs.py), from every engine that declares an `environment`."""
+    return tuple(dict.fromkeys(e for name in ENGINES if (e := getattr(engine_class(name), "environment", None))))
 
 
 @lru_cache(maxsize=1)

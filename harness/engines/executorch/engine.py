@@ -77,6 +77,7 @@ class ExecuTorch(WorkerEngine):
     default_form = "pte-fp32"
     form_prefix = "pte-"
     form_maker = "harness.engines.executorch.forms"  # capability: its exporter derives the pte-* forms
+    environment = "harness.engines.executorch.forms:env_python"  # its own environment (pins clash with vLLM's)
     form_hint = f"executorch {PIN} loads {', '.join(FORMS)} (exported from the model's hf-fp32)"
     Options = Options  # threads only
     honours = frozenset({"prompt_len", "gen_len", "context_len", "warmups", "repetitions"})
