@@ -10,6 +10,7 @@ import importlib
 from functools import lru_cache
 from typing import Any
 
+from harness.engines.capabilities import Sizing, capability
 from harness.errors import UserError
 
 ENGINES: dict[str, str] = {
@@ -45,30 +46,29 @@ def get_engine(name: str):
 # - gguf_toolchain: the module whose pinned build converts and quantizes the zoo's GGUF forms (variant,
 #   user_build, source_dir, binary, code_key, TOOL_KEY);
 # - environment: the "module:function" that makes the engine's environment of its own (harness/envs.py).
+def _declared(attr: str) -> tuple[str, ...]:
+    """What the registered engines declare under `attr` (by module name), each once, in registry order."""
+    return tuple(dict.fromkeys(v for name in ENGINES if (v := getattr(engine_class(name), attr, None))))
+
+
 @lru_cache(maxsize=1)
 def form_makers() -> dict[str, Any]:
     """Each derived form -> the module that makes it, from every engine that declares a form_maker."""
-    out: dict[str, Any] = {}
-    for name in ENGINES:
-        mod = getattr(engine_class(name), "form_maker", None)
-        if mod:
-            m = importlib.import_module(mod)
-            out.update({f: m for f in m.FORMS})
-    return out
+    return {f: m for m in map(importlib.import_module, _declared("form_maker")) for f in m.FORMS}
 
 
 def environments() -> tuple[str, ...]:
     """The environments of their own the engines need ("module:function" returning its python and freeze
     sha256, harness/envs.py), from every engine that declares an `environment`."""
-    return tuple(dict.fromkeys(e for name in ENGINES if (e := getattr(engine_class(name), "environment", None))))
+    return _declared("environment")
 
 
 @lru_cache(maxsize=1)
 def gguf_toolchain() -> Any:
     """The module of the one engine that declares a gguf_toolchain."""
-    mods = [m for name in ENGINES if (m := getattr(engine_class(name), "gguf_toolchain", None))]
-    if len(set(mods)) != 1:
-        raise RuntimeError(f"engines declare {len(set(mods))} GGUF toolchains; the zoo needs exactly one")
+    mods = _declared("gguf_toolchain")
+    if len(mods) != 1:
+        raise RuntimeError(f"engines declare {len(mods)} GGUF toolchains; the zoo needs exactly one")
     return importlib.import_module(mods[0])
 
 
@@ -83,7 +83,6 @@ def adapt(model: str, profile: dict, context_len: int = 1024, gen_len: int = 128
     profile should use, each with its value, rule and evidence."""
     out = {}
     for name in ENGINES:
-        from harness.engines.capabilities import Sizing, capability
         rows = capability(get_engine(name), Sizing).adapt(model, profile, context_len, gen_len, store, host)
         if rows is not None:
             out[name] = [{k: v for k, v in r.items() if k != "admission"} for r in rows]

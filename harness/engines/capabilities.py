@@ -165,7 +165,9 @@ class Patches:
     """Runtime patches an arm chooses with `patches` (the vLLM runtime's, docs/runtime.md)."""
 
     def validate_patches(self, path: str, where: str, patches: Any) -> None:
-        """An arm's `patches`, checked against the patches the engine has."""
+        """An arm's `patches`, checked against the patches the engine has (an engine without: refused)."""
+        raise UserError(path, f"{where}: the {self.name} engine has no runtime patches",  # type: ignore[attr-defined]
+                        "drop the arm's patches")
 
 
 class Serves:
@@ -196,8 +198,6 @@ def capability(engine: Any, cap: type[C]) -> C:
     without it does)."""
     if isinstance(engine, cap):
         return engine
-    if cap is Patches:
-        return _NoPatches(engine)  # type: ignore[return-value]
     cls = _ABSENT.get((cap, type(engine)))
     if cls is None:
         cls = _ABSENT[(cap, type(engine))] = type(f"No{cap.__name__}", (_Absent, cap), {})
@@ -208,8 +208,3 @@ def has(engine: Any, cap: type) -> bool:
     """Whether an engine (or engine class) declares a capability."""
     return issubclass(engine if isinstance(engine, type) else type(engine), cap)
 
-
-class _NoPatches(_Absent, Patches):
-    def validate_patches(self, path: str, where: str, patches: Any) -> None:
-        """An arm's `patches`, refused: the engine has no runtime patches."""
-        raise UserError(path, f"{where}: the {self._engine.name} engine has no runtime patches", "drop the arm's patches")

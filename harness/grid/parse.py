@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness import views
-from harness.engines import engine_class, get_engine
 import harness.grid.validate as validate
-from harness import workloads
+from harness import views, workloads
+from harness.engines import engine_class, get_engine
 from harness.engines.capabilities import Patches, capability
 from harness.grid.spec import (ARM_FIELDS, AXIS_NAMES, ENV_NAME, HOSTS, MAX_ARMS, MAX_CELLS, MAX_NAME_BYTES,
                                MAX_RULE_CHECKS, MAX_RULES, MAX_RUNS, MAX_TIMEOUT_S, NUMERIC_AXES, OBSERVE, ORDERS,
