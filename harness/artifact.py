@@ -68,25 +68,6 @@ class ModelFile(Frozen):
 # engine's name, and outside harness/engines/ no dict is keyed by an engine's name (tests/test_engine_names.py).
 COMMAND = "command"
 
-# Which files of a form hold its weights, by the form's format (the manifest's, recorded as model.format): the
-# bytes residency, bandwidth shares and admission count. A format without a rule has no known weight files, and
-# the figures that need them are not computed (never from zero bytes). A new format adds its rule here.
-WEIGHT_RULES: dict[str, Any] = {
-    "gguf": lambda path: True,  # a GGUF form is its one file, mapped whole
-    "safetensors": lambda path: path.endswith(".safetensors"),  # beside config, tokenizer and generation files
-    "none": lambda path: False,  # the command engine loads no model
-    # ONNX Runtime GenAI's folder: the graph and its external weights, beside its config and tokenizer files
-    "onnx": lambda path: path.endswith((".onnx", ".onnx.data")),
-    "pte": lambda path: path.endswith(".pte"),  # ExecuTorch's program (its weights inside), beside its params
-}
-
-
-def weight_paths(fmt: str, paths: Any) -> list[str] | None:
-    """The weight files among a form's files, by its format's rule; None: the format has no rule."""
-    rule = WEIGHT_RULES.get(fmt)
-    return None if rule is None else [p for p in paths if rule(p)]
-
-
 class ModelRef(Frozen):
     name: str
     form: str
@@ -95,15 +76,6 @@ class ModelRef(Frozen):
     dtype: str
     parameters: int = Field(gt=0)
     files: list[ModelFile] = Field(description="every weight, config and tokenizer file; empty only for the command engine")
-
-    def weight_files(self) -> list[ModelFile] | None:
-        """The files holding the weights (WEIGHT_RULES by format); None where the format has no rule."""
-        keep = weight_paths(self.format, [f.path for f in self.files])
-        return None if keep is None else [f for f in self.files if f.path in keep]
-
-    def weight_bytes(self) -> int | None:
-        files = self.weight_files()
-        return None if files is None else sum(f.size for f in files)
 
 
 class EngineRef(Frozen):

@@ -10,8 +10,8 @@ proportion to bytes read). Where the measured slowdown is larger than the predic
 than reading the KV (attention's arithmetic, its per-token overheads) grows with the context too.
 
 KV bytes per token: vLLM's worker reports them (execution.effective.kv_bytes_per_token, from the
-model's geometry and its KV dtype); llama.cpp reports its K and V types (type_k, type_v), multiplied by
-the model's KV values per token (harness/models.py SHAPES).
+model's geometry and its KV dtype); elsewhere, the bytes per value of the KV types the engine read back (its
+Sizing.kv_bytes_per_value: llama.cpp's type_k and type_v) x the model's KV values per token (harness/models.py).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from harness.engines import ENGINES, engine_class, weight_bytes
+from harness.engines.capabilities import Sizing, has
 from harness.scale import _median_of_runs, _size
 
-# bytes per value of llama.cpp's KV types (block formats: bytes per block / values per block)
-KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
-                 "q5_0": 22 / 32, "q5_1": 24 / 32}
 TOLERANCE = 0.05  # |measured - predicted| relative decode under which the KV reads are said to account for it
 SPAN = 8  # the view is drawn for a series whose prompt lengths span at least this factor
 
@@ -40,10 +39,11 @@ def kv_bytes_per_token(a: Any) -> tuple[float | None, str]:
     eff = a.execution.effective or {}
     if isinstance(eff.get("kv_bytes_per_token"), (int, float)):
         return float(eff["kv_bytes_per_token"]), "engine"
-    tk, tv = eff.get("type_k"), eff.get("type_v")
+    cls = engine_class(a.engine.name) if a.engine.name in ENGINES else None
     n = kv_elements_per_token(a.model.name)
-    if tk in KV_TYPE_BYTES and tv in KV_TYPE_BYTES and n:
-        return n / 2 * (KV_TYPE_BYTES[tk] + KV_TYPE_BYTES[tv]), f"{tk}/{tv} x model geometry"
+    got = cls.kv_bytes_per_token(eff, n) if n and cls is not None and has(cls, Sizing) else None
+    if got is not None:
+        return got
     return None, "unknown"
 
 
@@ -66,7 +66,7 @@ def context_block(arts: list, section: dict, best: dict[int, dict[str, float]] |
     for (arm, model, plen), mine in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[1][0].model.parameters,
                                                                            kv[0][2])):
         a0 = mine[0]
-        wbytes = a0.model.weight_bytes()
+        wbytes = weight_bytes(a0.model)
         if wbytes is None:  # a format without a weight-file rule: no figure
             continue
         kvt, kv_src = kv_bytes_per_token(a0)

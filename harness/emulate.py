@@ -4,10 +4,11 @@ Each cap is applied and read back, and recorded in the artifact's `execution.emu
 - cores: the engine is pinned to the class's core count (the affinity read back from the engine process);
 - memory: a locked balloon (harness/balloon.py) takes the machine's available memory down to the class's
   before the engine starts (MemAvailable read back at engine start; vLLM also records what it saw);
-- ISA: llama.cpp runs a build capped at the class's tier (its system info read back); torch is capped by
-  ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA (its capability read back in the vLLM worker), and vLLM's own
-  kernels are chosen for the tier by the worker (the loaded kernel library read back). A cap an engine
-  cannot take is recorded "not emulated: why", never silently native.
+- ISA: each engine's IsaCap says how (harness/engines/capabilities.py): the environment its process gets
+  (isa_env; by default torch's ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA), the build it provisions for the
+  tier (llama.cpp's capped build), and what it read back (isa_record: llama.cpp's system info, the vLLM
+  worker's torch capability and kernel library). A cap an engine cannot take is recorded "not emulated: why",
+  never silently native.
 The emulated class is part of the host key (probe.key_inputs): emulated and native runs never pool.
 """
 
@@ -23,11 +24,6 @@ from harness import hardware
 from harness.engines.capabilities import IsaCap, capability
 from harness.errors import UserError
 from harness.rules import MEMORY_TOLERANCE  # the balloon is judged to hold the class's memory within it
-
-# torch's switches per x86 tier: (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, the capability torch then reports)
-TORCH_CAPS = {"baseline": ("default", "SSE41", "DEFAULT"), "avx2": ("avx2", "AVX2", "AVX2"),
-              "avx512": ("avx512", "AVX512_CORE", "AVX512"), "avx512-bf16": ("avx512", "AVX512_CORE_BF16", "AVX512"),
-              "amx": ("avx512", "AVX512_CORE_AMX", "AVX512")}
 
 
 @dataclass
@@ -51,8 +47,9 @@ def class_sha256(name: str) -> str:
     return hashlib.sha256((hardware.CLASSES_DIR / f"{name}.yaml").read_bytes()).hexdigest()
 
 
-def plan(name: str, threads: int, arm_cpus: list[int] | None, where: str) -> Emulation:
-    """Check that this machine can emulate the class at these threads; no side effect."""
+def plan(name: str, threads: int, arm_cpus: list[int] | None, where: str, engine: Any = None) -> Emulation:
+    """Check that this machine can emulate the class at these threads; no side effect. The ISA cap's environment
+    is the engine's (its IsaCap.isa_env; no engine: the default's, torch's switches, as calibration's kernels)."""
     hc = hardware.get_class(name)
     native = hardware.profile_from_probe(_probe())
     why = hardware.exceeds(hc, native)
@@ -67,8 +64,7 @@ def plan(name: str, threads: int, arm_cpus: list[int] | None, where: str) -> Emu
         raise UserError(where, f"cpus {cpus} are more than hardware {name}'s {hc.cores} cores", "list fewer cpus")
     em = Emulation(cls=hc, native=native, cpus=list(cpus))
     if hc.arch == "x86_64" and em.isa_capped:
-        aten, onednn, _ = TORCH_CAPS[hc.isa_tier]
-        em.env = {"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "EDGE_HARNESS_ISA_TIER": hc.isa_tier}
+        em.env = (capability(engine, IsaCap) if engine is not None else IsaCap()).isa_env(hc.isa_tier)
         em.isa_variant = hc.isa_tier
     return em
 

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 from harness.engines.capabilities import Yardsticks, capability
 from harness.errors import UserError
 from harness.paths import replace_file
+from harness.engines import weight_files
 
 DEFAULT_STORES = ["artifacts", "baselines"]
 FORMATS = ("csv", "jsonl", "parquet", "llama-bench-json", "llama-bench-sql", "pyperf")
@@ -70,7 +71,7 @@ def select(store_dirs: list[str] | None, grids: list[str] | None = None, hosts: 
 
 
 def _weights(a) -> str:
-    return ",".join(sorted(f.sha256 for f in a.model.weight_files() or []))
+    return ",".join(sorted(f.sha256 for f in weight_files(a.model) or []))
 
 
 def rows(runs: Iterable) -> list[dict[str, Any]]:

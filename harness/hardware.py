@@ -238,20 +238,24 @@ def disjoint_ranges(cpus: list[int], engines: int) -> list[list[int]]:
     return [cpus[i * per:(i + 1) * per] for i in range(engines)]
 
 
-def admission(available: int, weights: int, overhead: int, kv_per_token: int, context_len: int,
-              block: int = 16, cap: int = 256) -> dict[str, Any]:
-    """How many sequences of context_len fit: (available - weights - runtime overhead) / KV bytes per
-    sequence (whole blocks), with the one null block vLLM reserves, capped at `cap` (vLLM's default
-    max_num_seqs). 0 means the cell cannot run on this profile."""
+def admission(available: int, weights: int, overhead: int, kv_per_token: int, context_len: int, *,
+              block: int, cap: int, reserved_blocks: int = 1) -> dict[str, Any]:
+    """How many sequences of context_len fit: (available - weights - runtime overhead - the reserved blocks) / KV
+    bytes per sequence (whole blocks of the engine's `block` tokens), capped at the engine's `cap` on sequences.
+    0 means the cell cannot run on this profile. The engine's Sizing.admission gives its block, cap and reserve."""
     per_seq = kv_per_token * block * math.ceil(context_len / block)
-    free = available - weights - overhead - kv_per_token * block
+    free = available - weights - overhead - kv_per_token * block * reserved_blocks
     seqs = max(0, min(cap, free // per_seq)) if per_seq > 0 else 0
-    budget = kv_per_token * block * (math.ceil(context_len / block) * seqs + 1) if seqs else 0
+    budget = kv_per_token * block * (math.ceil(context_len / block) * seqs + reserved_blocks) if seqs else 0
     return {"max_num_seqs": int(seqs), "kv_cache_memory_bytes": int(budget), "available_bytes": int(available),
             "weights_bytes": int(weights), "overhead_bytes": int(overhead), "kv_bytes_per_token": int(kv_per_token),
             "kv_bytes_per_sequence": int(per_seq), "context_len": context_len,
-            "rule": "(available - weights - runtime overhead - null block) // KV bytes per sequence, "
+            "rule": f"(available - weights - runtime overhead - {_blocks(reserved_blocks)}) // KV bytes per sequence, "
                     f"at most {cap}"}
+
+
+def _blocks(n: int) -> str:
+    return "null block" if n == 1 else f"{n} reserved blocks"
 
 
 def timeout_s(startup_s: float, s_per_token: float, tokens: int) -> int:

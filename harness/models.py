@@ -513,15 +513,15 @@ def form_files(name: str, form: str) -> dict[str, dict]:
 
 
 def weight_files(name: str, form: str) -> dict[str, dict]:
-    """The manifest entries of a form's weight files, by the form's format (artifact.WEIGHT_RULES); a format
-    without a rule is refused, naming it."""
-    from harness.artifact import weight_paths
+    """The manifest entries of a form's weight files, by the form's format (the rule of the engines that read it,
+    harness/engines weight_rules); a format without a rule is refused, naming it."""
+    from harness.engines import weight_paths
     fmt = load_manifest(name)["forms"][form]["format"]
     files = form_files(name, form)
     keep = weight_paths(fmt, list(files))
     if keep is None:
         raise UserError(f"model {name}", f"form {form!r} has format {fmt!r}, which has no weight-file rule",
-                        "add the format's rule to harness/artifact.py:WEIGHT_RULES")
+                        "declare the format's weight_files on the engine that reads it (docs/engines.md)")
     return {rel: files[rel] for rel in keep}
 
 

@@ -21,6 +21,7 @@ from harness.engines.capabilities import Sizing, capability
 from harness.errors import UserError
 from harness.residency import files_residency
 from harness.schedule import RunSpec
+from harness.workloads import workload_record
 
 NO_MODEL = "none"
 
@@ -102,7 +103,7 @@ def plan_run(spec: grid.GridSpec, run: RunSpec) -> RunPlan:
     engine = get_engine(arm.engine)
     threads = threads_of(arm, run.cell.params)
     hw = grid.hardware_of(arm, run.cell.params)
-    em = emulate.plan(hw, threads, arm.cpus, f"{spec.path}: arms[{arm.name}]") if hw else None
+    em = emulate.plan(hw, threads, arm.cpus, f"{spec.path}: arms[{arm.name}]", engine) if hw else None
     profile = hardware.profile_from_class(em.cls, f"class {em.cls.name} (emulated)") if em else None
     asked = run.cell.params.get("form") or arm.form
     model = grid.model_of(spec, run.cell.params)
@@ -174,7 +175,7 @@ def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, t
         workload=Workload(prompt_len=p["prompt_len"], context_len=p["context_len"], gen_len=p["gen_len"],
                           batch=p.get("batch", 1), warmups=spec.warmups, repetitions=spec.repetitions,
                           prompt_token_hash=res.prompt_token_hash,
-                          **({"load": spec.load_of(p, run.sweep).record(), "slo": spec.slo} if spec.load is not None else {})),
+                          **workload_record(spec, p, run.sweep)),
         residency=Residency(**(residency or {"before": {}, "after_load": res.after_load, "after_run": {},
                                              "peak_memory": res.peak_memory,
                                              "page_cache": "not observed (the run did not complete)"})),

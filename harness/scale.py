@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from harness import stats
+from harness.engines import weight_bytes
 
 GIB = 2**30
 
@@ -68,7 +69,7 @@ def scale_block(arts: list, section: dict, best: dict[int, dict[str, float]] | N
     for (arm, model), mine in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[1][0].model.parameters)):
         a0 = mine[0]
         t = a0.execution.threads
-        wbytes = a0.model.weight_bytes()
+        wbytes = weight_bytes(a0.model)
         if wbytes is None:  # a format without a weight-file rule: no figure
             continue
         dec = _median_of_runs(mine, "decode_tok_s")

@@ -11,6 +11,7 @@ from typing import Any
 
 from harness import stats
 from harness.metrics import STEP_PART_NAMES, step_parts
+from harness.engines import weight_bytes
 
 PARTS = tuple(STEP_PART_NAMES)
 ACCOUNT_TOLERANCE = 0.10  # the parts must account for the inter-token latency within this
@@ -38,7 +39,7 @@ def steps_block(arts: list, section: dict, best: dict[int, dict[str, float]] | N
         acc = _med([a.attribution.accounted for a in mine])
         share = _med([a.attribution.model_share for a in mine])
         eng_fwd = _med([a.attribution.engine_forward_mean_ms for a in mine])
-        wbytes = a0.model.weight_bytes()
+        wbytes = weight_bytes(a0.model)
         if wbytes is None:  # a format without a weight-file rule: no figure
             continue
         fwd = parts.get("forward")

@@ -82,15 +82,21 @@ def test_weight_files_follow_the_format_not_the_suffix():
     """What residency, bandwidth shares and admission count: the weight files by the form's format; a format
     without a rule gives no figure (None), never one computed from zero bytes."""
     from harness.artifact import ModelFile, ModelRef
+    from harness.engines import weight_bytes, weight_files, weight_paths
     f = [ModelFile(path="ov/model.xml", size=10, sha256="a" * 64), ModelFile(path="ov/model.bin", size=90, sha256="b" * 64)]
     ir = ModelRef(name="m", form="ov-int8", source={}, format="openvino-ir", dtype="int8", parameters=1, files=f)
-    assert ir.weight_files() is None and ir.weight_bytes() is None
+    assert weight_files(ir) is None and weight_bytes(ir) is None
     gguf = ModelRef(name="m", form="f", source={}, format="gguf", dtype="q8_0", parameters=1,
                     files=[ModelFile(path="m.weights", size=7, sha256="c" * 64)])
-    assert gguf.weight_bytes() == 7  # a GGUF form is its file, whatever it is called
+    assert weight_bytes(gguf) == 7  # a GGUF form is its file, whatever it is called
     hf = ModelRef(name="m", form="hf", source={}, format="safetensors", dtype="float32", parameters=1,
                   files=[*f, ModelFile(path="hf/model.safetensors", size=5, sha256="d" * 64)])
-    assert [x.path for x in hf.weight_files()] == ["hf/model.safetensors"]
+    assert [x.path for x in weight_files(hf)] == ["hf/model.safetensors"]
+    # the derived formats' rules are their engines' (onnxruntime-genai, executorch), declared on their classes
+    assert weight_paths("onnx", ["o/model.onnx", "o/model.onnx.data", "o/genai_config.json"]) == \
+        ["o/model.onnx", "o/model.onnx.data"]
+    assert weight_paths("pte", ["p/model.pte", "p/params.json"]) == ["p/model.pte"]
+    assert weight_paths("none", ["x"]) == [] and weight_paths("toy", ["x"]) is None
 
 
 def test_a_form_axis_is_no_mixing_of_weights():
@@ -178,6 +184,7 @@ class Toy(Engine, Limits):
     default_form = "toy-copy"
     form_prefix = "toy-"
     form_maker = "toy_engine.forms"  # the capability the zoo reaches through the registry
+    weight_files = {"toy": (".json",)}  # which of its form's files hold the weights
     metrics = ("wall_s",)
 
     def engine_info(self):
@@ -214,7 +221,7 @@ def test_an_engine_of_a_new_format_is_one_package_and_one_registry_line(tmp_path
     for name, text in TOY.items():
         (pkg / name).write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path))
-    caches = (engines.engine_class, engines.form_makers, models.derived_forms)
+    caches = (engines.engine_class, engines.form_makers, models.derived_forms, engines.weight_rules)
 
     def clear():
         for c in caches:
@@ -228,6 +235,7 @@ def test_an_engine_of_a_new_format_is_one_package_and_one_registry_line(tmp_path
                "workload": {"prompt_len": 8, "context_len": 16, "gen_len": 4}}
         spec = grid.from_dict(doc, "g.yaml", "0" * 64)
         assert grid.model_forms(spec) == {"tiny-llama": ["toy-copy"]}
+        assert engines.weight_paths("toy", ["toy-copy/config.json", "x.bin"]) == ["toy-copy/config.json"]
         with pytest.raises(UserError, match="toy needs a toy-\\* form"):
             engines.get_engine("toy").check("tiny-llama", "gguf-f32")
     finally:

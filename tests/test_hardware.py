@@ -57,17 +57,17 @@ def test_disjoint_ranges():
 def test_admission_by_hand():
     # SmolLM2-135M fp32 under vLLM: 4 GiB available, weights 538,060,032 B, overhead 1.3e9 B,
     # KV 46,080 B/token (2 x 30 layers x 3 kv heads x 64 x 4 B), context 1024 in blocks of 128.
-    a = hardware.admission(4 * 2**30, 538_060_032, 1_300_000_000, 46_080, 1024, block=128)
+    a = hardware.admission(4 * 2**30, 538_060_032, 1_300_000_000, 46_080, 1024, block=128, cap=256)
     per_seq = 46_080 * 128 * 8  # 47,185,920
     free = 4 * 2**30 - 538_060_032 - 1_300_000_000 - 46_080 * 128  # 2,451,009,024
     assert a["kv_bytes_per_sequence"] == per_seq and a["max_num_seqs"] == free // per_seq == 51
     assert a["kv_cache_memory_bytes"] == 46_080 * 128 * (8 * 51 + 1) == 2_412_380_160
     # a 2 GiB box: what is left after weights and overhead holds no sequence at all
-    assert hardware.admission(2 * 2**30, 538_060_032, 1_700_000_000, 46_080, 1024, block=128)["max_num_seqs"] == 0
+    assert hardware.admission(2 * 2**30, 538_060_032, 1_700_000_000, 46_080, 1024, block=128, cap=256)["max_num_seqs"] == 0
     # the cap: vLLM's default max_num_seqs
-    assert hardware.admission(64 * 2**30, 1, 1, 10, 16, block=16)["max_num_seqs"] == 256
+    assert hardware.admission(64 * 2**30, 1, 1, 10, 16, block=16, cap=256)["max_num_seqs"] == 256
     # llama.cpp: f16 KV (23,040 B/token), context padded to 256
-    b = hardware.admission(4 * 2**30, 270_000_000, 64 << 20, 23_040, 1000, block=256)
+    b = hardware.admission(4 * 2**30, 270_000_000, 64 << 20, 23_040, 1000, block=256, cap=256)
     assert b["kv_bytes_per_sequence"] == 23_040 * 1024
     assert b["max_num_seqs"] == min(256, (4 * 2**30 - 270_000_000 - (64 << 20) - 23_040 * 256) // (23_040 * 1024))
 

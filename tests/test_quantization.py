@@ -5,7 +5,7 @@ and this machine for real when it is an AVX2 one), never run to fail at its firs
 import pytest
 
 from harness import hardware
-from harness.engines.vllm import FOUR_BIT_OPS, KERNELS, kernel_library, library_has_op
+from harness.engines.vllm.kernels import FOUR_BIT_OPS, KERNELS, kernel_library, library_has_op
 
 GRID = """
 name: w4

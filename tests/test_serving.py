@@ -12,6 +12,7 @@ import pytest
 
 from harness import metrics, serving
 from harness.workloads.serving import views as serving_views
+from harness.workloads.serving import grid as serving_grid
 
 
 class FakeServer:
@@ -287,7 +288,7 @@ def test_vllm_bench_client_gets_one_connection_per_request():
 
     import aiohttp
 
-    from harness.serving import _one_request_per_connection
+    from harness.engines.server.vllmbench import _one_request_per_connection
 
     async def make():
         c = _one_request_per_connection(aiohttp.TCPConnector)(limit=2, keepalive_timeout=60, force_close=False)
@@ -311,12 +312,12 @@ def test_a_rate_sweep_is_cells_probes_first_and_refused_where_it_cannot_run(writ
     """
     spec = grid.load(write_grid(base.replace("LOAD", "load: {rate: sweep, requests: 4}, slo: {ttft_s: 1, share: 0.5}")))
     assert [c.params["rate"] for c in grid.expand(spec)] == ["sync", "max", "sweep-1of3", "sweep-2of3", "sweep-3of3"]
-    assert spec.slo == {"ttft_s": 1.0, "share": 0.5}
-    sync, top, mid = (spec.load_of({"rate": r}) for r in ("sync", "max", "sweep-1of3"))
+    assert serving_grid.slo(spec) == {"ttft_s": 1.0, "share": 0.5}
+    sync, top, mid = (serving_grid.load_of(spec, {"rate": r}) for r in ("sync", "max", "sweep-1of3"))
     assert (sync.concurrency, sync.rate, top.concurrency, top.rate) == (1, None, 4, None)
     assert mid.rate is None and "not resolved" in mid.unresolved  # never sent at a guessed rate
     assert sync.server_slots == top.server_slots == mid.server_slots == 4  # one server size at every point
-    got = spec.load_of({"rate": "sweep-1of3"}, {"point": "sweep-1of3", "rate_req_s": 2.5})
+    got = serving_grid.load_of(spec, {"rate": "sweep-1of3"}, {"point": "sweep-1of3", "rate_req_s": 2.5})
     assert got.rate == 2.5 and got.unresolved is None and got.record()["sweep"]["rate_req_s"] == 2.5
     cases = [("load: {rate: sweep, concurrency: 2, requests: 4}", "workload.load.concurrency: cannot be set beside rate: sweep"),
              ("load: {rate: sweep, points: 2, requests: 4}", "workload.load.points: must be an integer in [3, 20]"),

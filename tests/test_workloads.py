@@ -30,7 +30,10 @@ class Echo(WorkloadKind):
             return {}, {}
         if not isinstance(word, str) or not word.isalpha():
             raise err(path, "workload.echo", f"must be a word, got {word!r}")
-        return {}, {"replicate": len(word)}
+        return {"word": word}, {"replicate": len(word)}
+
+    def record(self, spec, params, resolved):
+        return {"echo": self.fields(spec).get("word")}
 
     def views(self, sec, series):
         return {"echo": sec.get("name")}
@@ -67,6 +70,8 @@ def test_a_new_kind_is_one_module_and_one_registry_line():
     spec = _spec({"echo": "hello"})
     (cell,) = grid.expand(spec)
     assert cell.params["replicate"] == 5
+    # its fields are its own on the spec, and what it adds to a run's workload block is its record
+    assert spec.kinds["echo"] == {"word": "hello"} and workloads.workload_record(spec, cell.params) == {"echo": "hello"}
     with pytest.raises(UserError, match="workload.echo: must be a word"):
         _spec({"echo": "no way"})
     assert workloads.metric_definitions()["echo_s"][0] == "s"

@@ -24,6 +24,7 @@ from harness.analysis.series import (_BUILD_IDS, _MODEL_IDS, _WEIGHT_SHAS, Newes
 # the serving workload kind's analysis (harness/workloads/serving), read here by the plots, the HTML site and tests
 from harness.workloads.serving.analysis import (LOAD_LATENCIES, TOOL_MEDIANS, CapacityRow, SweepRate, SweepView,
                                                 ToolMedians, load_of, load_points, sweep_view, tool_medians)
+from harness.engines import weight_bytes
 
 # what the report, the summary and the tests read here (series.py and serving.py hold them)
 __all__ = ["ALPHA", "LOAD_LATENCIES", "TOOL_MEDIANS", "_BUILD_IDS", "_MODEL_IDS", "_WEIGHT_SHAS", "AARow", "AcrossRow",
@@ -372,7 +373,7 @@ def ceiling_rows(best: dict[int, dict[str, float]], newest: dict[str, list], cei
             t = a0.execution.threads
             if t not in best:
                 continue
-            wbytes = a0.model.weight_bytes()
+            wbytes = weight_bytes(a0.model)
             if wbytes is None:  # a format without a weight-file rule: no figure
                 continue
             dec, pre = _median_of_runs(arts, "decode_tok_s"), _median_of_runs(arts, "prefill_tok_s")

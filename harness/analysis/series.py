@@ -9,6 +9,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from harness.engines import weight_files
 
 
 def machine_key(a) -> str:
@@ -108,7 +109,7 @@ def weight_shas(a: Any) -> tuple[str, ...]:
 
 
 def _weight_shas(model: Any) -> tuple[str, ...]:
-    return tuple(sorted(f.sha256 for f in model.weight_files() or []))
+    return tuple(sorted(f.sha256 for f in weight_files(model) or []))
 
 
 def model_id(a: Any) -> str:

@@ -11,22 +11,12 @@ from functools import lru_cache
 from typing import Any
 
 
-from harness.rules import cell_id, run_key
+from harness.engines import ENGINES, engine_class
+from harness.engines.capabilities import Limits
 from harness.metrics import DEFINITIONS_VERSION, REQUEST_METRICS
+from harness.rules import cell_id, run_key
 
 
-# Each settings row whose effective value the engine also wrote, raw, into execution.effective: the keys (dotted
-# where nested) that hold that read-back. Every present key must agree with the row. Rows not named here and not
-# `options.<key>` are derived from what the engine measured (batch: the fewest concurrent sequences; warmups: the
-# warm-up repetitions it ran), not read back into execution.effective.
-READ_BACK_KEYS: dict[str, tuple[str, ...]] = {
-    "threads": ("threads", "n_threads", "torch_threads", "decode_test.n_threads"),
-    "cpus": ("cpu_affinity",),
-    "dtype": ("dtype",),
-    "context_len": ("n_ctx_per_seq", "max_model_len"),
-    "kv_cache_memory_bytes": ("kv_cache_memory_bytes",),
-    "options.eager": ("enforce_eager",),
-}
 # Settings rows whose requested value is the workload's.
 WORKLOAD_SETTINGS = ("prompt_len", "gen_len", "context_len", "batch", "warmups", "repetitions")
 # The cell parameters a run's workload copies (batch defaults to 1).
@@ -182,6 +172,9 @@ def _settings_problems(a: Any, where: str) -> list[str]:
     its effective value with the engine's raw read-back in execution.effective."""
     ex, out = a.execution, []
     rows = ex.settings or {}
+    # the engine's own read-back keys (its Limits); an engine not registered here: the defaults
+    cls = engine_class(a.engine.name) if a.engine.name in ENGINES else None
+    read_back = cls.read_back_keys if cls is not None and issubclass(cls, Limits) else Limits.read_back_keys
     for name, want, field in (("threads", ex.threads, "execution.threads"),
                               ("cpus", ex.cpu_affinity, "execution.cpu_affinity"),
                               *((k, getattr(a.workload, k), f"workload.{k}") for k in WORKLOAD_SETTINGS)):
@@ -191,7 +184,7 @@ def _settings_problems(a: Any, where: str) -> list[str]:
     for name, row in rows.items():
         if not isinstance(row, dict) or row.get("effective") is None:
             continue
-        keys = READ_BACK_KEYS.get(name) or ((name[8:],) if name.startswith("options.") else ())
+        keys = read_back.get(name) or ((name[8:],) if name.startswith("options.") else ())
         for key in keys:
             v = _lookup(ex.effective, key)
             if v is not KeyError and v != row["effective"]:

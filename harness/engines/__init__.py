@@ -45,7 +45,9 @@ def get_engine(name: str):
 #   recipe(form), build(hf_dir, out, form)), made when a grid or fidelity build first loads one;
 # - gguf_toolchain: the module whose pinned build converts and quantizes the zoo's GGUF forms (variant,
 #   user_build, source_dir, binary, code_key, TOOL_KEY);
-# - environment: the "module:function" that makes the engine's environment of its own (harness/envs.py).
+# - environment: the "module:function" that makes the engine's environment of its own (harness/envs.py);
+# - weight_files: for each on-disk format it reads, which of a form's files hold the weights (path suffixes; ""
+#   every file): the bytes residency, bandwidth shares and admission count.
 def _declared(attr: str) -> tuple[str, ...]:
     """What the registered engines declare under `attr` (by module name), each once, in registry order."""
     return tuple(dict.fromkeys(v for name in ENGINES if (v := getattr(engine_class(name), attr, None))))
@@ -70,6 +72,37 @@ def gguf_toolchain() -> Any:
     if len(mods) != 1:
         raise RuntimeError(f"engines declare {len(mods)} GGUF toolchains; the zoo needs exactly one")
     return importlib.import_module(mods[0])
+
+
+@lru_cache(maxsize=1)
+def weight_rules() -> dict[str, tuple[str, ...]]:
+    """Each format -> the path suffixes of a form's weight files, from every engine's `weight_files` (engines that
+    read one format agree on it)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name in ENGINES:
+        for fmt, suffixes in (getattr(engine_class(name), "weight_files", None) or {}).items():
+            if out.setdefault(fmt, tuple(suffixes)) != tuple(suffixes):
+                raise RuntimeError(f"engines disagree on the weight files of format {fmt!r}")
+    return out
+
+
+def weight_paths(fmt: str, paths: Any) -> list[str] | None:
+    """The weight files among a form's files, by its format's rule (weight_rules); None: no engine reads the format
+    (a format without a rule has no known weight files, and the figures that need them are not computed, never from
+    zero bytes)."""
+    suffixes = weight_rules().get(fmt)
+    return None if suffixes is None else [p for p in paths if p.endswith(suffixes)]
+
+
+def weight_files(model: Any) -> list | None:
+    """An artifact's model block's weight files (its ModelFile entries), by its format's rule; None: no rule."""
+    keep = weight_paths(model.format, [f.path for f in model.files])
+    return None if keep is None else [f for f in model.files if f.path in keep]
+
+
+def weight_bytes(model: Any) -> int | None:
+    files = weight_files(model)
+    return None if files is None else sum(f.size for f in files)
 
 
 def engine_metrics(name: str) -> tuple[str, ...]:

@@ -69,10 +69,6 @@ class RunContext:
     def params(self) -> dict[str, Any]:
         return self.run.cell.params
 
-    def load(self) -> Any:
-        """A server engine's load for this run (harness/serving.py Load; a sweep point's rate as resolved)."""
-        return self.spec.load_of(self.params, self.run.sweep)
-
     @property
     def model(self) -> str:
         """The model this run loads: the cell's model axis value, else the grid's model."""

@@ -38,6 +38,10 @@ class Limits:
     max_batch: ClassVar[int | None] = 1  # concurrent requests it can run; None: no limit
     warmup_values: ClassVar[tuple[int, ...] | None] = None  # the warm-up counts it can do; None: any
     form_hint: ClassVar[str] = ""  # the fix named when a form of another engine is asked of it
+    # Each settings row whose effective value the engine also writes, raw, into execution.effective: the keys
+    # (dotted where nested) holding that read-back, which `harness check` holds to agree with the row. Rows not
+    # named and not `options.<key>` are derived from what the engine measured, not read back.
+    read_back_keys: ClassVar[dict[str, tuple[str, ...]]] = {"threads": ("threads",), "cpus": ("cpu_affinity",)}
 
     def validate_options(self, path: str, arm: "Arm", opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         """Checks across options and workload, beyond types (an engine may add its own)."""
@@ -110,6 +114,13 @@ class Sizing:
         return False
 
     @classmethod
+    def kv_bytes_per_token(cls, effective: dict[str, Any], kv_values: int) -> tuple[float, str] | None:
+        """Bytes the KV cache holds per token in a run, from the KV types the engine read back and the model's KV
+        values per token (K and V), with where the figure comes from; None: it read back no KV type
+        (harness/context.py asks where the engine reported no bytes itself)."""
+        return None
+
+    @classmethod
     def overhead_parts(cls, a: Any) -> tuple[int, int] | None:
         """Weights and KV bytes of an ok run artifact (its peak RSS minus both is the runtime's overhead)."""
         return None
@@ -120,9 +131,21 @@ class Sizing:
         return None
 
 
+# torch's switches per x86 tier: (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, the capability torch then reports)
+TORCH_CAPS = {"baseline": ("default", "SSE41", "DEFAULT"), "avx2": ("avx2", "AVX2", "AVX2"),
+              "avx512": ("avx512", "AVX512_CORE", "AVX512"), "avx512-bf16": ("avx512", "AVX512_CORE_BF16", "AVX512"),
+              "amx": ("avx512", "AVX512_CORE_AMX", "AVX512")}
+
+
 class IsaCap:
     """ISA tiers: forms whose kernels only some tiers of this engine's build have, and how an emulated class's ISA
     cap is applied to the engine and read back (harness/emulate.py)."""
+
+    def isa_env(self, tier: str) -> dict[str, str]:
+        """The environment an emulated class's ISA tier gives the engine's process. By default torch's switches
+        (any engine's process, a command's too, may load torch) and the tier itself (EDGE_HARNESS_ISA_TIER)."""
+        aten, onednn, _ = TORCH_CAPS[tier]
+        return {"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "EDGE_HARNESS_ISA_TIER": tier}
 
     def isa_bound(self, form: str | None) -> bool:
         """Whether this form needs kernels that only some ISA tiers of this engine's build have (isa_refusal)."""
@@ -175,6 +198,12 @@ class Serves:
 
     def refuse_load(self, path: str, arm: "Arm", load: dict[str, Any]) -> None:
         """Refuse a load this arm cannot be sent (its client's limits), in one line naming the grid's field."""
+
+    def printed_medians(self, effective: dict[str, Any], medians: tuple[str, ...]) -> tuple[str, dict[str, float]]:
+        """The client that sent one run's load, and the medians (seconds) of these serving metrics that the client
+        tool itself printed for it, median over the run's repetitions (the serving cross-check): none where the
+        harness's own client sent it."""
+        return "harness", {}
 
 
 CAPABILITIES = (Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks, Patches, Serves)

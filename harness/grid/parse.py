@@ -261,11 +261,11 @@ def _workload(path: str, doc: dict, axes: dict[str, list], arms: list[Arm]) -> t
     if not isinstance(workload, dict):
         raise err(path, "workload", f"must be a mapping, got {short(workload)}")
     workload = dict(workload)
-    spec_fields: dict[str, Any] = {}
+    spec_fields: dict[str, Any] = {"kinds": {}}
     kind_cells: dict[str, Any] = {}
     for kind in workloads.kinds():
         fields, cells = kind.parse(path, workload, axes)
-        spec_fields |= fields
+        spec_fields["kinds"][kind.name] = fields
         kind_cells |= cells
     for k in workload:
         if k not in NUMERIC_AXES:

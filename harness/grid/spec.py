@@ -95,34 +95,9 @@ class GridSpec:
     timeout_s: float
     primary: dict[str, Any] | None = None  # the declared primary comparisons: the family given verdicts
     hosts: str = "spread"  # fleet placement of passes (HOSTS)
-    # set by the serving workload kind (harness/workloads/serving): a server grid's load, less what cells carry
-    # (concurrency, rate; None: no load), and the latency bounds of goodput
-    load: dict[str, Any] | None = None
-    slo: dict[str, float] | None = None
-
-    def load_of(self, params: dict, resolved: dict | None = None) -> Any:
-        """The load of a cell (harness/serving.py Load). A rate sweep's point (harness/sweep.py) takes its rate
-        from `resolved` (sweep.resolve, at the run's start); its probes are closed loops of 1 and of every request."""
-        from harness import sweep
-        from harness.serving import Load
-        d = self.load or {}
-        conc, rate, point = params.get("concurrency"), params.get("rate"), None
-        if sweep.is_point(rate):
-            point = {"point": rate}
-            if rate in (sweep.SYNC, sweep.MAX):
-                conc = 1 if rate == sweep.SYNC else d["requests"]
-                rate = None
-            else:
-                point = resolved or {"point": rate, "error": "not resolved: the run was not started by the grid's "
-                                     "execution loop, which resolves a sweep's rates (harness/sweep.py)"}
-                rate = point.get("rate_req_s")
-        return Load(requests=d["requests"], concurrency=conc, rate=rate, arrival=d.get("arrival", "poisson"),
-                    burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0), sweep=point)
-
-    @property
-    def load_errors_allowed(self) -> float:
-        """The share of a run's requests that may fail (error, timeout) before the run does."""
-        return float((self.load or {}).get("errors_allowed", 0.0))
+    # each workload kind's own fields (harness/workloads), by the kind's name: what its `parse` read of `workload:`
+    # (serving: the load, less what cells carry, and the latency bounds of goodput); a kind reads its own
+    kinds: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:

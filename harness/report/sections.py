@@ -14,6 +14,7 @@ from harness import analysis, stats, targets, views
 from harness.analysis import Newest, by_key
 from harness.artifact import RunArtifact
 from harness.probe import describe
+from harness.engines import weight_files
 
 
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
@@ -113,7 +114,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
     calibration = aa_calibration(an) if ok and len(configs) == 1 and len(an.arms) > 1 else None
     engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit, analysis.build_id(a.engine)) for a in arts})
     models = {id(a.model): a.model for a in arts}.values()  # each record once: runs share them (_share)
-    model_files = sorted({(m.form, f.path, f.sha256[:12]) for m in models for f in m.weight_files() or []})
+    model_files = sorted({(m.form, f.path, f.sha256[:12]) for m in models for f in weight_files(m) or []})
     return {
         "name": name, "grid_path": first.grid.path, "grid_sha": first.grid.sha256[:12], "order": first.grid.order,
         "passes": len({a.grid.pass_index for a in arts}), "baseline": first.grid.baseline_arm,

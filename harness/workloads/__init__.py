@@ -30,6 +30,14 @@ def kinds() -> tuple[Any, ...]:
     return tuple(kind_class(name)() for name in KINDS)
 
 
+def workload_record(spec: Any, params: dict[str, Any], resolved: dict | None = None) -> dict[str, Any]:
+    """What every kind adds to one run's artifact `workload` block (serving: its load and bounds)."""
+    out: dict[str, Any] = {}
+    for kind in kinds():
+        out |= kind.record(spec, params, resolved)
+    return out
+
+
 def metric_definitions() -> dict[str, tuple[str, bool, str]]:
     """Every kind's metrics: name -> (unit, higher is better, definition); a name means one thing everywhere."""
     out: dict[str, tuple[str, bool, str]] = {}

@@ -13,9 +13,11 @@ class WorkloadKind:
 
     - `axis_value` checks a value of an axis it adds (serving: rate).
     - `parse` reads its fields of the grid's `workload:` mapping (removing them; a field no kind takes is refused)
-      and returns the GridSpec fields it sets and the cell parameters it fixes; it may add axes (a rate sweep's
-      points). `require` holds the cells' fixed parameters to its rules once every kind has parsed.
+      and returns them (kept in GridSpec.kinds under its name: `fields(spec)` reads them back) and the cell
+      parameters it fixes; it may add axes (a rate sweep's points). `require` holds the cells' fixed parameters
+      to its rules once every kind has parsed.
     - `validate` checks the whole spec (its engines can run it), after parsing, at plan.
+    - `record`: what its fields add to one run's artifact `workload` block.
     - `metrics`: the metrics its runs report, name -> (unit, higher is better, definition).
     - `views`: the report's keys of a grid section for one series of its runs (None where it does not apply).
     """
@@ -36,6 +38,14 @@ class WorkloadKind:
 
     def validate(self, spec: "GridSpec") -> None:
         """Refuse a spec this kind's runs cannot have (its engines, its fields together)."""
+
+    def fields(self, spec: "GridSpec") -> dict[str, Any]:
+        """This kind's fields of a grid, as its parse returned them."""
+        return spec.kinds.get(self.name) or {}
+
+    def record(self, spec: "GridSpec", params: dict[str, Any], resolved: dict | None) -> dict[str, Any]:
+        """What this kind adds to a run's artifact `workload` block (`resolved`: a rate sweep's point as resolved)."""
+        return {}
 
     def views(self, sec: dict[str, Any], series: list) -> dict[str, Any]:
         return {}

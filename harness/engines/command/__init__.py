@@ -25,6 +25,7 @@ class Command(Engine, Limits):
     """The worked example of docs/harness.md: options, what it honours, its one metric, `run`."""
 
     name = "command"
+    weight_files = {"none": ()}  # it loads no model
     needs_model = False
     default_form = "none"
     Options = CommandOptions

@@ -69,6 +69,7 @@ def libraries() -> dict[str, dict[str, Any]]:
 
 class ExecuTorch(WorkerEngine):
     name = NAME
+    weight_files = {"pte": (".pte",)}  # its program (its weights inside), beside its params
     worker = WORKER
     timestamps, threads_source, context_reason = TIMESTAMPS, THREADS_SOURCE, CONTEXT_REASON
     batch_source = "the batch dimension of the logits the program returned (its first calls)"

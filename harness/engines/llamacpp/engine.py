@@ -24,11 +24,13 @@ from harness.engines.llamacpp import tools as llamacpp_tools
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, run_process, run_worker,
                                   setting, tail)
 from harness.engines.capabilities import Fidelity, IsaCap, Limits, Sizing, StepParts, Yardsticks
+from harness.engines.llamacpp.kvtypes import KV_TYPE_BYTES, KV_TYPES
 from harness.errors import UserError
 
 TOOL = "edge-bench"
 FIDELITY_TOOL = "edge-fidelity"
 CTX_PAD = 256  # this llama.cpp pads each sequence's context to a multiple of 256 tokens (read back: n_ctx_per_seq)
+MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: the most parallel sequences one context holds
 DEFAULT_OVERHEAD = 64 << 20  # runtime memory beyond weights and KV where no run was measured yet (a default)
 # llama.cpp's system info names of the instruction sets above each tier: none may read "= 1" under the cap
 ABOVE_TIER = {"baseline": ("AVX", "AVX2", "FMA", "F16C", "AVX512", "AVX512_BF16", "AMX_INT8"),
@@ -43,7 +45,6 @@ def derive_dtype(profile: dict[str, Any]) -> tuple[str, str]:
     if profile["arch"] == "x86_64" and tier_rank("x86_64", profile["isa_tier"]) < tier_rank("x86_64", "avx2"):
         return "f32", "below AVX2: bf16 weights convert in scalar code (unmeasured), f32 is the safe form"
     return "bf16", "decode is memory-bound: bf16 weights halve the bytes read per token (measured faster than f32)"
-KV_TYPES = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
 ATTRIBUTION_SOURCE = ("edge-bench (harness/engines/llamacpp/native/edge-bench.cpp) with options.attribution: steady_clock around "
@@ -63,6 +64,8 @@ class LlamaCppOptions(Options):
 
 class LlamaCpp(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks):
     name = "llama.cpp"
+    weight_files = {"gguf": ("",)}  # a GGUF form is its one file, mapped whole
+    read_back_keys = {**Limits.read_back_keys, "threads": ("threads", "n_threads"), "context_len": ("n_ctx_per_seq",)}
     summary_reference = "gguf-f32"  # the summary's yardstick: llama.cpp on full-precision weights
     default_form = "gguf-f32"
     form_prefix = "gguf-"
@@ -108,8 +111,17 @@ class LlamaCpp(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks):
         overhead, oev = hardware.measured_overhead(type(self), store, host or current_host_key())
         weights = sum(f["size"] for f in models.weight_files(model, form).values())
         adm = hardware.admission(int(profile["memory_available_bytes"]), weights, overhead,
-                                 geo["kv_bytes_per_token_per_byte"] * 2, context_len, CTX_PAD)
+                                 geo["kv_bytes_per_token_per_byte"] * 2, context_len, block=CTX_PAD, cap=MAX_SEQ,
+                                 reserved_blocks=1)  # one padded sequence's margin, as the rule has always kept
         return {**adm, "overhead_evidence": oev, "profile": profile["source"]}
+
+    @classmethod
+    def kv_bytes_per_token(cls, effective: dict[str, Any], kv_values: int) -> tuple[float, str] | None:
+        """The K and V types it read back (type_k, type_v), half the values each."""
+        tk, tv = effective.get("type_k"), effective.get("type_v")
+        if tk in KV_TYPE_BYTES and tv in KV_TYPE_BYTES:
+            return kv_values / 2 * (KV_TYPE_BYTES[tk] + KV_TYPE_BYTES[tv]), f"{tk}/{tv} x model geometry"
+        return None
 
     @classmethod
     def overhead_parts(cls, a: Any) -> tuple[int, int]:

@@ -23,10 +23,10 @@ from harness.engines.llamacpp import build as llamacpp_build
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
                                   setting, tail)
 from harness.engines.capabilities import Limits, Yardsticks
+from harness.engines.llamacpp.kvtypes import KV_TYPES
 
 PASSTHROUGH_OPTIONS = {"batch_size": "-b", "ubatch_size": "-ub", "flash_attn": "-fa", "cache_type_k": "-ctk",
                        "cache_type_v": "-ctv", "repack": "--repack", "load_mode": "-lm", "poll": "--poll"}
-KV_TYPES = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
 class BenchOptions(Options):
@@ -113,6 +113,7 @@ def parse_bench_json(stdout: str) -> list[dict]:
 
 class LlamaBench(Engine, Limits, Yardsticks):
     name = "llama-bench"
+    read_back_keys = {**Limits.read_back_keys, "threads": ("threads", "n_threads", "decode_test.n_threads")}
     default_form = "gguf-f32"
     form_prefix = "gguf-"
     form_hint = "use gguf-f32, gguf-bf16, gguf-q8_0 ..."

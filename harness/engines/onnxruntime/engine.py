@@ -71,6 +71,8 @@ def _commit() -> str:
 
 class OnnxRuntimeGenAi(WorkerEngine):
     name = NAME
+    # its folder: the graph and its external weights, beside its config and tokenizer files
+    weight_files = {"onnx": (".onnx", ".onnx.data")}
     worker = WORKER
     timestamps, threads_source, context_reason = TIMESTAMPS, THREADS_SOURCE, CONTEXT_REASON
     batch_source = "sequences per step: the batch dimension of the model's logits output after each request's last step, fewest over repetitions"

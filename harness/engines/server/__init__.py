@@ -25,9 +25,16 @@ from harness import metrics, models, serving
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_worker,
                                   setting)
 from harness.engines.capabilities import Fidelity, Limits, Patches, Serves
+from harness.engines.server import vllmbench
 from harness.errors import UserError
+from harness.workloads.serving import grid as serving_grid
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
+
+
+def _load(ctx: RunContext) -> serving.Load:
+    """This run's load (the serving workload kind's; a sweep point's rate as resolved at the run's start)."""
+    return serving_grid.load_of(ctx.spec, ctx.params, ctx.run.sweep)
 
 
 class ServerEngine(Engine, Limits, Fidelity, Serves):
@@ -48,6 +55,13 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
                                   f"(arm {arm.name!r}'s options.client)",
                             "use arrival: poisson or gamma, or client: harness")
 
+    def printed_medians(self, effective: dict[str, Any], medians: tuple[str, ...]) -> tuple[str, dict[str, float]]:
+        """vllm bench serve's own medians, from the reports it printed (execution.effective.tool_report)."""
+        reports = effective.get("tool_report")
+        if not isinstance(reports, list) or not reports:
+            return "harness", {}
+        return "vllm-bench", vllmbench.printed_medians(reports, medians)
+
     def server(self, ctx: RunContext, form: str, opts: Any) -> dict[str, Any] | None:
         """The server to start ({cmd with {port}, env}), or None: an endpoint the harness does not start."""
         return None
@@ -67,7 +81,7 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
     def run(self, ctx: RunContext, form: str) -> EngineResult:
         opts = self.options(ctx.arm)
         p, g, c = int(ctx.params["prompt_len"]), int(ctx.params["gen_len"]), int(ctx.params["context_len"])
-        load = ctx.load()
+        load = _load(ctx)
         if load.unresolved:  # a sweep point whose pass's probes did not measure: nothing is sent at a guessed rate
             return failed("failed", f"rate sweep point {load.sweep['point']}: {load.unresolved}", [], dict(ctx.arm.env),
                           engine=self.engine_info_for(opts), requested={"threads": ctx.threads, "load": load.record()})
@@ -98,7 +112,7 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
         info = self.engine_info_for(opts)
         requested = {"threads": ctx.threads, "cpus": ctx.cpus, "form": form, "prompt_len": p, "gen_len": g,
                      "context_len": c, "warmups": w, "repetitions": reps, "load": load.record(),
-                     "slo": ctx.spec.slo, **ctx.arm.options}
+                     "slo": serving_grid.slo(ctx.spec), **ctx.arm.options}
         worker = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s + 30, out_path, f"the {self.name} run",
                             poll_s=ctx.poll_s)
         shown = srv["cmd"] if srv else cmd
@@ -130,21 +144,21 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
                       "requests_failed": len(errors), "ready_s": res.get("ready_s"),
                       "client_affinity": res.get("client_affinity"),
                       "metric_definitions": metrics.SERVING_DEFINITIONS_VERSION,
-                      "client": serving.VLLM_BENCH if opts.client == "vllm-bench" else
+                      "client": vllmbench.VLLM_BENCH if opts.client == "vllm-bench" else
                       "harness/serving.py (asyncio + aiohttp), stamps each streamed chunk on arrival (time.perf_counter)"}
         if opts.client == "vllm-bench":
             effective["tool_report"] = [s.get("tool_report") for s in samples]
         serving_block = {"repetitions": samples, "schedule": sched, "usage_check": usage,
                          "server_log_tail": res.get("log_tail")}
         status, error = "ok", None
-        limit = ctx.spec.load_errors_allowed
+        limit = serving_grid.errors_allowed(ctx.spec)
         if len(errors) > limit * len(measured):
             status = "failed"
             error = (f"{len(errors)} of {len(measured)} requests failed (more than {limit:.0%}): "
                      f"{errors[0]['error']}")
         elif any(s["client_behind"] for s in sched):
             effective["flag"] = "client_behind: the client could not keep the load's schedule (see schedule)"
-        return EngineResult(status=status, metrics=metrics.from_serving(samples, ctx.spec.slo) if status == "ok" else {},
+        return EngineResult(status=status, metrics=metrics.from_serving(samples, serving_grid.slo(ctx.spec)) if status == "ok" else {},
                             engine=info, requested=requested, effective=effective, command=shown, env=env_rec,
                             peak_memory=worker.proc.peak_memory,
                             after_load={"status": "not separable",
@@ -239,7 +253,7 @@ class LlamaServer(ServerEngine):
         return {**info, "build": {**info["build"], "binary": "llama-server", "binary_sha256": b["sha256"]}}
 
     def slots(self, ctx: RunContext, opts: Any) -> int:
-        load = ctx.load()
+        load = _load(ctx)
         return opts.parallel or load.server_slots or 4
 
     def server(self, ctx: RunContext, form: str, opts: Any) -> dict[str, Any]:
@@ -331,6 +345,7 @@ class VllmServer(ServerEngine, Patches):
     record of each process."""
 
     name = "vllm-server"
+    read_back_keys = {**Limits.read_back_keys, "dtype": ("dtype",), "context_len": ("max_model_len",)}
     default_form = "hf-fp32"
     form_prefix = "hf-"
     form_hint = "use an hf-* form (hf-fp32, hf-bf16)"
@@ -350,7 +365,7 @@ class VllmServer(ServerEngine, Patches):
         return {**info, "name": self.name, "build": {**info["build"], "entry": "vllm.entrypoints.openai.api_server"}}
 
     def seqs(self, ctx: RunContext, opts: Any) -> int:
-        return opts.max_num_seqs or ctx.load().server_slots or 4
+        return opts.max_num_seqs or _load(ctx).server_slots or 4
 
     def dtype(self, form: str, opts: Any) -> str:
         return opts.dtype or ("bfloat16" if form == "hf-bf16" else "float32")

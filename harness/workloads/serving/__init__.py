@@ -16,7 +16,7 @@ from harness.workloads.serving import grid as serving_grid
 
 
 class Serving(WorkloadKind):
-    name = "serving"
+    name = serving_grid.KIND
     metrics = SERVING_METRICS
 
     def parse(self, path: str, workload: dict[str, Any], axes: dict[str, list]) -> tuple[dict[str, Any], dict]:
@@ -27,6 +27,12 @@ class Serving(WorkloadKind):
 
     def validate(self, spec: Any) -> None:
         serving_grid.validate_load(spec)
+
+    def record(self, spec: Any, params: dict[str, Any], resolved: dict | None) -> dict[str, Any]:
+        """A served run's load as sent (its sweep point as resolved) and the grid's latency bounds."""
+        if serving_grid.load(spec) is None:
+            return {}
+        return {"load": serving_grid.load_of(spec, params, resolved).record(), "slo": serving_grid.slo(spec)}
 
     def views(self, sec: dict[str, Any], series: list) -> dict[str, Any]:
         from harness.workloads.serving import views

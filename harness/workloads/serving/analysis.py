@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from harness import stats
+from harness.engines import ENGINES, get_engine
+from harness.engines.capabilities import Serves, capability
 
 
 LOAD_LATENCIES = ("ttft_p90_s", "tpot_p90_s", "e2e_p90_s")
@@ -121,43 +123,39 @@ def sweep_view(series: list, baseline: str) -> SweepView | None:
     return SweepView(share=share, slo={k: v for k, v in slo.items() if k != "share"}, rows=rows, rates=rates)
 
 
-TOOL_MEDIANS = (("ttft_p50_s", "median_ttft_ms"), ("itl_all_p50_s", "median_itl_ms"), ("tpot_p50_s", "median_tpot_ms"))
+# the serving metrics a client tool's own printed medians are set beside (the engine reads them from its report)
+TOOL_MEDIANS = ("ttft_p50_s", "itl_all_p50_s", "tpot_p50_s")
 
 
 @dataclass(frozen=True)
 class ToolMedians:
     cell: str
     arm: str
-    client: str  # "vllm-bench" or "harness"
+    client: str  # the client that sent the load: "harness", or the tool that printed its own medians
     n: int  # ok runs
     ours: dict[str, float]  # metric -> median over runs of the harness's figure from the arm's own records
-    printed: dict[str, float]  # metric -> median over runs of vLLM's printed figure (seconds); vllm-bench arms only
+    printed: dict[str, float]  # metric -> median over runs of the tool's printed figure (seconds); tool arms only
 
 
 def tool_medians(series: list) -> list[ToolMedians]:
-    """Per serving cell and arm of a series with a vllm-bench arm: the harness's TTFT, pooled-ITL and TPOT
-    medians (median over runs) and, for the vllm-bench arms, the medians vLLM printed for the same runs."""
+    """Per serving cell and arm of a series where a client tool printed its own medians (the engine's Serves
+    capability reads them back): the harness's TTFT, pooled-ITL and TPOT medians (median over runs) and, for the
+    tool's arms, the medians it printed for the same runs."""
     ok = [a for a in series if a.status == "ok" and a.workload.load is not None]
-    if not any(a.execution.effective.get("tool_report") for a in ok):
+    printed_by = {id(a): capability(get_engine(a.engine.name), Serves).printed_medians(a.execution.effective,
+                                                                                        TOOL_MEDIANS)
+                  for a in ok if a.engine.name in ENGINES}
+    if all(c == "harness" for c, _ in printed_by.values()):
         return []
     groups: dict[tuple[str, str], list] = defaultdict(list)
     for a in ok:
         groups[(a.grid.cell, a.grid.arm)].append(a)
     out = []
     for (cell, arm), arts in sorted(groups.items()):
-        bench = any(a.execution.effective.get("tool_report") for a in arts)
+        runs = [printed_by.get(id(a), ("harness", {})) for a in arts]
+        client = next((c for c, _ in runs if c != "harness"), "harness")
         ours = {m: float(np.median([np.median(a.metrics[m].samples) for a in arts if m in a.metrics]))
-                for m, _ in TOOL_MEDIANS if any(m in a.metrics for a in arts)}
-        printed: dict[str, float] = {}
-        for m, key in TOOL_MEDIANS:
-            vals = []
-            for a in arts:  # a run's repetitions each printed one report: their median, in seconds
-                reps = [r[key] / 1000.0 for r in a.execution.effective.get("tool_report") or []
-                        if isinstance(r, dict) and isinstance(r.get(key), (int, float)) and np.isfinite(r[key])]
-                if reps:
-                    vals.append(float(np.median(reps)))
-            if vals:
-                printed[m] = float(np.median(vals))
-        out.append(ToolMedians(cell=cell, arm=arm, client="vllm-bench" if bench else "harness", n=len(arts), ours=ours,
-                               printed=printed))
+                for m in TOOL_MEDIANS if any(m in a.metrics for a in arts)}
+        printed = {m: float(np.median(vals)) for m in TOOL_MEDIANS if (vals := [p[m] for _, p in runs if m in p])}
+        out.append(ToolMedians(cell=cell, arm=arm, client=client, n=len(arts), ours=ours, printed=printed))
     return out

@@ -11,7 +11,7 @@ from harness.engines.capabilities import Serves, capability, has
 from harness.grid.spec import GridSpec, err, integer, short
 
 # workload.load and workload.slo; concurrency and rate are cell parameters (fixed in the load, or axes), the rest of
-# the load is the grid's (GridSpec.load)
+# the load is the grid's (load(spec), kept in GridSpec.kinds under the kind's name)
 LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed", "points"}
 LOAD_AXES = ("concurrency", "rate")
 SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")  # bounds in seconds; `share` (a sweep's capacity rule) is apart
@@ -116,22 +116,61 @@ def parse_slo(path: str, raw: Any, load: dict | None) -> dict[str, float] | None
     return {k: float(v) for k, v in raw.items()}
 
 
+KIND = "serving"  # the kind's name: its fields' key in GridSpec.kinds
+
+
+def load(spec: GridSpec) -> dict[str, Any] | None:
+    """The grid's load, less what cells carry (concurrency, rate); None: no load."""
+    return (spec.kinds.get(KIND) or {}).get("load")
+
+
+def slo(spec: GridSpec) -> dict[str, float] | None:
+    """The latency bounds of goodput (and a sweep's capacity share); None: none."""
+    return (spec.kinds.get(KIND) or {}).get("slo")
+
+
+def errors_allowed(spec: GridSpec) -> float:
+    """The share of a run's requests that may fail (error, timeout) before the run does."""
+    return float((load(spec) or {}).get("errors_allowed", 0.0))
+
+
+def load_of(spec: GridSpec, params: dict, resolved: dict | None = None) -> Any:
+    """The load of a cell (harness/serving.py Load). A rate sweep's point (harness/sweep.py) takes its rate
+    from `resolved` (sweep.resolve, at the run's start); its probes are closed loops of 1 and of every request."""
+    from harness import sweep
+    from harness.serving import Load
+    d = load(spec) or {}
+    conc, rate, point = params.get("concurrency"), params.get("rate"), None
+    if sweep.is_point(rate):
+        point = {"point": rate}
+        if rate in (sweep.SYNC, sweep.MAX):
+            conc = 1 if rate == sweep.SYNC else d["requests"]
+            rate = None
+        else:
+            point = resolved or {"point": rate, "error": "not resolved: the run was not started by the grid's "
+                                 "execution loop, which resolves a sweep's rates (harness/sweep.py)"}
+            rate = point.get("rate_req_s")
+    return Load(requests=d["requests"], concurrency=conc, rate=rate, arrival=d.get("arrival", "poisson"),
+                burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0), sweep=point)
+
+
 def validate_load(spec: GridSpec) -> None:
     """A load needs server engines and server engines need a load; a server is sent requests, not batches."""
-    if spec.load is not None and "points" in spec.load and spec.order != "interleaved":
+    grid_load = load(spec)
+    if grid_load is not None and "points" in grid_load and spec.order != "interleaved":
         raise err(spec.path, "order", f"a rate sweep runs interleaved (each pass measures its probes before the rates "
                   f"derived from them), not {spec.order}", "drop order, or set order: interleaved")
     serves = {a.name: has(engine_class(a.engine), Serves) for a in spec.arms}
-    if spec.load is not None:
+    if grid_load is not None:
         other = [n for n, s in serves.items() if not s]
         if other:
             raise err(spec.path, f"arms[{other[0]}].engine", f"{spec.arm(other[0]).engine} runs no load "
                       "(workload.load is for server engines)", "use llama-server or openai, or drop workload.load")
         for a in spec.arms:  # what each server engine's client can send (its own rule)
-            capability(get_engine(a.engine), Serves).refuse_load(spec.path, a, spec.load)
+            capability(get_engine(a.engine), Serves).refuse_load(spec.path, a, grid_load)
         conc = spec.axes.get("concurrency") or [spec.fixed.get("concurrency", 1)]
-        if max(conc) > spec.load["requests"]:
-            raise err(spec.path, "workload.load.requests", f"{spec.load['requests']} requests cannot keep "
+        if max(conc) > grid_load["requests"]:
+            raise err(spec.path, "workload.load.requests", f"{grid_load['requests']} requests cannot keep "
                       f"{max(conc)} in flight", f"send at least {max(conc)} requests a repetition")
         if "batch" in spec.axes or spec.fixed.get("batch", 1) != 1:
             raise err(spec.path, "workload.batch", "a server engine takes a load, not a batch",

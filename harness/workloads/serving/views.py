@@ -27,7 +27,7 @@ def tools(series: list) -> list[dict]:
     rows = []
     for t in tool_medians(series):
         row = {"cell": t.cell.replace("batch=1,", ""), "arm": t.arm, "client": t.client, "n": t.n}
-        for m, _ in TOOL_MEDIANS:
+        for m in TOOL_MEDIANS:
             row[m] = _fmt(t.ours[m] * 1000) if m in t.ours else ""
             row[m + "_printed"] = _fmt(t.printed[m] * 1000) if m in t.printed else ""
         rows.append(row)
