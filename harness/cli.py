@@ -209,9 +209,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(f"wrote {args.out} and {len(written) - 1} grid page(s) beside it"
           f"{f', removed {len(removed)} of grids no longer in the store' if removed else ''}; plots: {len(drawn)} drawn, "
           f"{len(kept)} unchanged (data hashes in {out.parent / report.PLOT_HASHES})")
-    from harness.paths import replace_file
+    from harness.untrusted import write_file
     for path, t in docs:
-        replace_file(Path(path), t.encode())
+        write_file(Path(path), t.encode(), f"harness report --readme {path}")
         print(f"wrote the generated block(s) of {path}")
     return 0
 
@@ -473,6 +473,11 @@ def main(argv: list[str] | None = None) -> int:
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a file the OS refused that no reader or writer turned into its own line (untrusted.py)
+        what = e.filename or getattr(args, "command", "harness")
+        print(f"error: {what}: {e.strerror or type(e).__name__} (fix: check the path, its permissions and the space "
+              "left)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 from harness.engines.capabilities import Yardsticks, capability
 from harness.errors import UserError
-from harness.paths import replace_file
+from harness.untrusted import write_file
 from harness.engines import weight_files
 
 DEFAULT_STORES = ["artifacts", "baselines"]
@@ -256,4 +256,4 @@ def write(out: str | None, data: bytes, stdout=None) -> None:
         raise UserError(out, "is a directory", "give --out a file name")
     if not p.parent.is_dir():
         raise UserError(out, "its folder does not exist", f"create {p.parent} first")
-    replace_file(p, data)
+    write_file(p, data, f"harness export --out {out}")

@@ -172,6 +172,13 @@ def _finite(x: Any) -> Any:
     return x
 
 
+def script_json(x: Any) -> str:
+    """JSON for a <script type="application/json"> block: every '<', '>' and '&' as a JSON escape, so that no
+    string in it (an arm named `</script>` or `<!--<script>`) can close the block or turn its end into text."""
+    return (json.dumps(x, sort_keys=True, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026"))
+
+
 _IMG = re.compile(r'<img src="([^"]+\.png)" alt="[^"]*"\s*/?>')
 _LINK = re.compile(r'href="([A-Za-z0-9][A-Za-z0-9_-]*)\.md"')
 
@@ -191,7 +198,7 @@ def page_html(title: str, markdown: str, figs: dict[str, dict]) -> str:
         if fig is None:
             return m.group(0)
         n += 1
-        data = json.dumps(_finite(fig), sort_keys=True, allow_nan=False).replace("</", "<\\/")
+        data = script_json(_finite(fig))
         return (f'<div class="plot" id="plot-{n}"></div>'
                 f'<script type="application/json" id="plot-{n}-data">{data}</script>')
     body = _IMG.sub(plot, body)
@@ -205,21 +212,22 @@ def write(out_dir: str, pages: dict[str, str], sections: list[dict]) -> list[str
     """Every page as DIR/<page>.html (the index as index.html) and plotly.js beside them; files replaced whole."""
     import plotly
 
-    from harness.paths import replace_file
+    from harness.untrusted import make_folder, write_file
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise UserError(out_dir, "--html: not a directory", "give a folder for the HTML pages")
     if not d.parent.is_dir():
         raise UserError(out_dir, "--html: its parent folder does not exist", f"create {d.parent} first")
-    d.mkdir(exist_ok=True)
+    make_folder(d, f"harness report --html {out_dir}")
     figs = figures(sections)
     written = []
     for name, text in pages.items():
         stem = "index" if name == "results.md" else name[:-3]
         title = text.split("\n# ", 1)[-1].split("\n", 1)[0] if "\n# " in text else text.split("\n", 1)[0].lstrip("# ")
         out = d / f"{stem}.html"
-        replace_file(out, page_html(title, text.replace("](results.md)", "](index.md)"), figs).encode())
+        write_file(out, page_html(title, text.replace("](results.md)", "](index.md)"), figs).encode(),
+                   f"harness report --html {out_dir}")
         written.append(str(out))
     asset = Path(plotly.__file__).parent / "package_data" / ASSET
-    replace_file(d / ASSET, asset.read_bytes())
+    write_file(d / ASSET, asset.read_bytes(), f"harness report --html {out_dir}")
     return written

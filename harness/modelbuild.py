@@ -193,9 +193,9 @@ class KQuants:
 
 
 def _hf_dtype(um: Any) -> tuple[str, str]:
-    cfg = json.loads((um.path / "config.json").read_text())
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
-    return dtype, {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+    """The user's HF folder's dtype and its form's short name (usermodels.hf_dtype: only float32, bfloat16, float16;
+    a registered folder's config may have changed since `models add`)."""
+    return usermodels.hf_dtype(um.path, f"model {um.name}")
 
 
 def _safetensors_parameters(d: Path) -> int:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import untrusted
 from harness.errors import UserError
 from harness.paths import cache_root
 
@@ -51,10 +52,11 @@ def registry_path() -> Path:
 def load_registry() -> dict[str, UserModel]:
     """The models `harness models add` registered on this machine; a registry that cannot be read is refused."""
     p = registry_path()
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         return {}
+    fix = "remove it and register your models again (harness models add)"
+    doc = untrusted.read_json(p, str(p), fix)
     try:
-        doc = json.loads(p.read_text())
         out = {n: UserModel(n, r["kind"], Path(r["path"]), r.get("sha256")) for n, r in doc.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserError(str(p), f"unreadable model registry ({type(e).__name__})",
@@ -68,11 +70,10 @@ def load_registry() -> dict[str, UserModel]:
 
 def save_registry(models: dict[str, UserModel]) -> None:
     p = registry_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.unlink(missing_ok=True)  # a link planted under this name is removed, never written through
-    tmp.write_text(json.dumps({n: m.record() for n, m in sorted(models.items())}, indent=1) + "\n")
-    os.replace(tmp, p)
+    fix = "make the cache writable (or set EDGE_HARNESS_CACHE to a folder you can write to)"
+    untrusted.make_folder(p.parent, "harness models add", fix)
+    untrusted.write_file(p, (json.dumps({n: m.record() for n, m in sorted(models.items())}, indent=1) + "\n").encode(),
+                         "harness models add", fix)
 
 
 def from_mapping(grid_path: str, fld: str, v: dict) -> UserModel:
@@ -114,11 +115,11 @@ def check_source(um: UserModel, where: str) -> None:
     elif um.kind == "synthetic":
         synthetic_shape(um, where)
     else:
-        if not um.path.is_dir():
-            raise UserError(where, f"{um.path} is not a directory", "give a Hugging Face model folder")
-        if not (um.path / "config.json").is_file():
+        files = untrusted.folder(um.path, where, "give a Hugging Face model folder")
+        if um.path / "config.json" not in files:
             raise UserError(where, f"{um.path} has no config.json", "give the folder save_pretrained wrote")
-        if not any(um.path.glob("*.safetensors")):
+        hf_dtype(um.path, where)
+        if not any(f.suffix == ".safetensors" and f.parent == um.path for f in files):
             raise UserError(where, f"{um.path} has no *.safetensors weights", "save the model with safetensors")
     if um.sha256:
         got = source_sha256(um)
@@ -140,17 +141,26 @@ def matmul_parameters(config: dict) -> int:
     return layers * (h * q + 2 * h * kv + q * h + 3 * h * inter)
 
 
+# the dtypes an HF folder's weights may have, as its config.json names them (torch_dtype, or dtype in newer
+# transformers): the value becomes a form's name (hf-fp32, hf-bf16, hf-fp16), never a path of its own
+HF_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def hf_dtype(folder: Path, where: str) -> tuple[str, str]:
+    """An HF folder's weights' dtype as its config.json says (float32 where it says nothing) and its short name."""
+    cfg = untrusted.read_json(folder / "config.json", where, "give the config.json save_pretrained wrote")
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+    if not isinstance(dtype, str) or dtype not in HF_DTYPES:
+        raise UserError(where, f"{folder / 'config.json'}: torch_dtype {str(dtype)[:40]!r} is not one of "
+                        f"{', '.join(HF_DTYPES)}", "save the model in float32, bfloat16 or float16")
+    return dtype, HF_DTYPES[dtype]
+
+
 def synthetic_shape(um: UserModel, where: str) -> dict[str, int]:
     """A Llama/Mistral/Qwen2-style config.json's shape (what a synthetic model takes of it: the rest, tokenizer
     and vocabulary included, is SmolLM2-135M's, as for the built-in synthetic shapes); refused, with the
     numbers, when its fp32 weights cannot fit in this machine's available memory."""
-    try:
-        cfg = json.loads(um.path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(where, f"{um.path}: unreadable config.json ({type(e).__name__})", "give a model's "
-                        "config.json") from None
-    if not isinstance(cfg, dict):
-        raise UserError(where, f"{um.path}: not a JSON object", "give a model's config.json")
+    cfg = untrusted.read_json(um.path, where, "give a model's config.json")
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch not in SYNTHETIC_ARCHS:
         raise UserError(where, f"{um.path}: architecture {arch} (synthetic shapes are built as Llama)",
@@ -172,6 +182,7 @@ def synthetic_shape(um: UserModel, where: str) -> dict[str, int]:
 def gguf_info(path: Path, where: str) -> dict[str, Any]:
     """What a GGUF says of itself (architecture, file type, parameter count, shape), read with gguf-py; a file
     that is not GGUF (magic bytes) or is truncated (its tensors' data past its end) is refused."""
+    untrusted.regular_file(path, where, "give a .gguf model file")
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
@@ -207,6 +218,8 @@ def gguf_info(path: Path, where: str) -> dict[str, Any]:
 
 
 MAX_COUNT = 1 << 24  # no real GGUF has more keys, tensors or array items: a larger count is a corrupt header
+MAX_ARRAY_DEPTH = 8  # arrays of arrays: real files nest none
+MAX_DIMS = 4  # GGML_MAX_DIMS
 
 
 def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int, int, str]], int]:
@@ -236,18 +249,20 @@ def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int, 
         def string() -> str:
             return read(count()).decode("utf-8", "replace")
 
-        def value(t: int) -> Any:
+        def value(t: int, depth: int = 0) -> Any:
             if t in scalar:
                 return struct.unpack(scalar[t], read(struct.calcsize(scalar[t])))[0]
             if t == 8:
                 return string()
             if t == 9:  # an array: skipped
+                if depth >= MAX_ARRAY_DEPTH:
+                    raise ValueError(f"arrays nested deeper than {MAX_ARRAY_DEPTH}")
                 inner, n = struct.unpack("<I", read(4))[0], count()
                 if inner in scalar:
                     f.seek(n * struct.calcsize(scalar[inner]), 1)
                 else:
                     for _ in range(n):
-                        value(inner)
+                        value(inner, depth + 1)
                 return None
             raise ValueError(f"unknown value type {t}")
 
@@ -263,7 +278,10 @@ def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int, 
         tensors = []
         for _ in range(n_tensors):
             string()
-            dims = [u64() for _ in range(struct.unpack("<I", read(4))[0])]
+            n_dims = struct.unpack("<I", read(4))[0]
+            if n_dims > MAX_DIMS:
+                raise ValueError(f"a tensor of {n_dims} dimensions (GGML has at most {MAX_DIMS})")
+            dims = [u64() for _ in range(n_dims)]
             ttype, offset = struct.unpack("<I", read(4))[0], u64()
             try:
                 qtype = GGMLQuantizationType(ttype)
@@ -275,6 +293,8 @@ def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int, 
                 n *= d
             tensors.append((offset, n // block * nbytes, n, qtype.name.lower()))
         align = kv.get("general.alignment", 32)
+        if isinstance(align, bool) or not isinstance(align, int) or not 0 < align <= 1 << 20 or align % 8:
+            raise ValueError(f"general.alignment {repr(align)[:20]} (the spec: a positive multiple of 8)")
         pos = f.tell()
         return kv, tensors, pos + (-pos % align)
 

@@ -249,3 +249,152 @@ def test_no_verdict_is_read_from_a_non_finite_ratio(bad):
     c = stats.compare(arm, [1.0] * 11)
     assert not c.has_interval and stats.verdict(c, True).startswith("undetermined: a per-pass ratio is not")
     assert stats.verdict(stats.compare([2.0] * 11, [1.0] * 11), True) == "better"  # the same data, finite
+
+
+# ---- your files and your writes, round 2 (issue 63): one reader with bounds, every write one line -------------
+
+def _gguf(*kvs: bytes) -> bytes:
+    import struct
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs)
+
+
+def _kv(key: str, vtype: int, value: bytes) -> bytes:
+    import struct
+    return struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + value
+
+
+def _in_thread(fn, timeout_s: float = 20.0):
+    """fn's result or exception, from a thread: a reader that hangs (a FIFO) fails the test instead of hanging it."""
+    out: dict = {}
+
+    def go():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 (handed to the test)
+            out["error"] = e
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), "the reader hangs"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+@pytest.mark.parametrize("body, says", [
+    (_gguf(_kv("general.alignment", 4, (0).to_bytes(4, "little"))), "general.alignment 0"),
+    (_gguf(_kv("general.alignment", 8, (1).to_bytes(8, "little") + b"x")), "general.alignment 'x'"),
+    (_gguf(_kv("deep", 9, (9).to_bytes(4, "little") + (1).to_bytes(8, "little")) * 1
+           + ((9).to_bytes(4, "little") + (1).to_bytes(8, "little")) * 5000), "arrays nested deeper than"),
+])
+def test_a_hostile_gguf_header_is_one_user_error(tmp_path, body, says):
+    from harness.usermodels import gguf_info
+    p = tmp_path / "m.gguf"
+    p.write_bytes(body)
+    with pytest.raises(UserError, match="unreadable GGUF header") as e:
+        gguf_info(p, "models add")
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_fifo_or_a_link_loop_given_as_a_gguf_is_refused_without_hanging(tmp_path):
+    from harness.usermodels import gguf_info
+    fifo = tmp_path / "fifo.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="is a FIFO, not a regular file"):
+        _in_thread(lambda: gguf_info(fifo, "models add"))
+    (tmp_path / "a.gguf").symlink_to(tmp_path / "b.gguf")
+    (tmp_path / "b.gguf").symlink_to(tmp_path / "a.gguf")
+    with pytest.raises(UserError, match="Too many levels of symbolic links"):
+        gguf_info(tmp_path / "a.gguf", "models add")
+
+
+def _hf(tmp_path: Path, config: str) -> Path:
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(config)
+    (d / "model.safetensors").write_bytes(b"\0" * 8)
+    return d
+
+
+@pytest.mark.parametrize("config, says", [
+    ("[1, 2]", "a JSON list, not an object"),
+    ('{"a": ' + "[" * 10_000 + "]" * 10_000 + "}", "nests deeper than"),
+    ('{"torch_dtype": "../../../../tmp/out"}', "torch_dtype '../../../../tmp/out' is not one of"),
+    ('{"torch_dtype": ["float32"]}', "is not one of float32, bfloat16, float16"),
+])
+def test_a_hostile_hf_config_is_refused_before_anything_is_registered_or_copied(tmp_path, config, says):
+    from harness.usermodels import UserModel, check_source
+    d = _hf(tmp_path, config)
+    with pytest.raises(UserError, match="config.json") as e:
+        check_source(UserModel("m", "hf", d), "models add")
+    assert says in str(e.value)
+
+
+def test_an_hf_folder_linking_out_or_holding_a_fifo_is_refused(tmp_path):
+    from harness.usermodels import UserModel, check_source
+    d = _hf(tmp_path, '{"torch_dtype": "float32"}')
+    (tmp_path / "secret").write_text("x")
+    (d / "tokenizer.json").symlink_to(tmp_path / "secret")
+    with pytest.raises(UserError, match="links out of the folder"):
+        check_source(UserModel("m", "hf", d), "models add")
+    (d / "tokenizer.json").unlink()
+    os.mkfifo(d / "pipe")
+    with pytest.raises(UserError, match="is a FIFO"):
+        _in_thread(lambda: check_source(UserModel("m", "hf", d), "models add"))
+
+
+def test_a_deeply_nested_user_registry_is_one_line(cli):
+    from harness.usermodels import registry_path  # the test's own (conftest)
+    registry_path().write_text('{"m": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    rc, _, err = cli("models", "list")
+    assert rc == 2 and "user-models.json" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """Every replace-whole write refused as a read-only file system refuses it (as root, chmod does not)."""
+    def refuse(*a, **k):
+        raise OSError(30, "Read-only file system")
+    monkeypatch.setattr("tempfile.mkstemp", refuse)
+
+
+@pytest.mark.usefixtures("read_only")
+def test_writes_into_a_read_only_folder_are_one_line_and_leave_nothing(tmp_path):
+    from harness import export, html
+    from harness.report import pages
+    from harness.usermodels import UserModel, save_registry
+    for write in (lambda: export.write(str(tmp_path / "all.csv"), b"x"),
+                  lambda: pages.write_pages(str(tmp_path / "results.md"), {pages.INDEX: "# r\n"}),
+                  lambda: html.write(str(tmp_path / "site"), {pages.INDEX: "# r\n"}, []),
+                  lambda: save_registry({"m": UserModel("m", "gguf", tmp_path / "m.gguf")})):
+        with pytest.raises(UserError, match="Read-only file system") as e:
+            write()
+        assert "\n" not in str(e.value)
+    assert not (tmp_path / "all.csv").exists() and not (tmp_path / "results.md").exists()
+
+
+def test_names_that_would_become_structure_are_escaped_or_renamed():
+    from harness import html
+    from harness.report import pages
+    from harness.report.jinja import TEMPLATES, md_cell
+    # a grid named after the site's index gets a page of its own, never the index
+    assert pages.page_name("index", set()) != "index.md" and pages.page_name("results", set()) != "results.md"
+    # a '|' or a line break in a name stays inside its table cell, in every table row of every template
+    assert md_cell("q8|0\n| x") == "q8\\|0 \\| x" and md_cell(3) == "3"
+    import re
+    for t in TEMPLATES.glob("*.j2"):
+        for line in t.read_text().splitlines():
+            if line.lstrip().startswith("|"):
+                assert all(e.rstrip().endswith("| cell") for e in re.findall(r"\{\{(.*?)\}\}", line)), (t.name, line)
+    # no string in a plot's data can end its script block or comment it out
+    data = html.script_json({"name": "<!--<script></script>&"})
+    assert "<" not in data and ">" not in data and "&" not in data
+    assert json.loads(data) == {"name": "<!--<script></script>&"}
+
+
+def test_an_integer_no_run_can_have_is_refused_at_plan():
+    from harness import grid
+    doc = {"name": "g", "model": "tiny-llama", "arms": [{"name": "a", "engine": "llama.cpp"}], "threads": 1,
+           "workload": {"prompt_len": 10 ** 19, "context_len": 16, "gen_len": 4}}
+    with pytest.raises(UserError, match=r"workload.prompt_len: 10000000000000000000 is more than 16,777,216"):
+        grid.from_dict(doc, "g.yaml", "0" * 64)

@@ -45,6 +45,9 @@ MAX_ARMS = 64  # arms of one grid (each pass's order is a Williams design over t
 MAX_RULES = 200  # entries of include, of exclude and of primary.cells
 MAX_RULE_CHECKS = 1_000_000  # rules x cells x arms: each rule is matched against every cell (and arm)
 MAX_TIMEOUT_S = 7 * 86400  # a run's timeout_s: a week
+# any count or length of a grid (tokens, threads, passes, repetitions): 16.7 million tokens is no context a CPU runs,
+# and a twenty-digit prompt_len would be run (and fail hours later) rather than refused
+MAX_INTEGER = 1 << 24
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 WHY_NO_DEFAULTS = "each of prompt_len, context_len, gen_len has produced a wrong conclusion when left at a default"
 
@@ -116,10 +119,14 @@ def short(v: Any, n: int = 60) -> str:
     return r if len(r) <= n else r[:n - 3] + "..."
 
 
-def integer(path: str, fld: str, v: Any, lo: int = 1) -> int:
-    """An integer >= lo; YAML's true/false (Python bools, an int subclass), floats and strings refused."""
+def integer(path: str, fld: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
+    """An integer in [lo, hi] (hi: MAX_INTEGER unless given); YAML's true/false (Python bools, an int subclass),
+    floats and strings refused."""
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
         raise err(path, fld, f"must be an integer >= {lo}, got {short(v)}")
+    top = MAX_INTEGER if hi is None else hi
+    if v > top:
+        raise err(path, fld, f"{short(v)} is more than {top:,}", f"give at most {top:,}")
     return v
 
 

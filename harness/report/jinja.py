@@ -12,10 +12,19 @@ from harness.paths import PROJECT_ROOT
 TEMPLATES = PROJECT_ROOT / "reports" / "templates"
 
 
+def md_cell(v: object) -> str:
+    """A value as one cell of a Markdown table: a '|' escaped (it would end the cell) and a line break as a space
+    (it would end the row); names from a grid or a store reach the tables through it (the templates' `| cell`)."""
+    return str(v).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ") \
+        if isinstance(v, str) else str(v)
+
+
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
-                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
-                              bytecode_cache=_bytecode_cache())
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+                             bytecode_cache=_bytecode_cache())
+    env.filters["cell"] = md_cell
+    return env
 
 
 @lru_cache(maxsize=1)

@@ -17,6 +17,8 @@ Pages = dict[str, str]  # file name (beside the index) -> markdown; the index (I
 
 
 INDEX = "results.md"
+# the pages' names the site keeps for itself: the index, and the index's name in the HTML site (index.html)
+RESERVED = frozenset({INDEX, "index.md"})
 
 
 PAGE_MARK = "<!-- harness report: a grid's page, rendered from the store; do not edit -->"
@@ -26,12 +28,12 @@ def write_pages(out: str, pages: Pages) -> tuple[list[str], list[str]]:
     """The index to `out`, each grid's page beside it, every file replaced whole (never written through a link);
     pages of grids no longer in the store (a file beside it that starts with PAGE_MARK) removed. (written,
     removed)."""
-    from harness.paths import replace_file
+    from harness.untrusted import write_file
     folder = Path(out).parent
     written = []
     for name, text in pages.items():
         path = Path(out) if name == INDEX else folder / name
-        replace_file(path, text.encode())
+        write_file(path, text.encode(), f"harness report --out {out}")
         written.append(str(path))
     removed = []
     for p in orphan_pages(out, pages):
@@ -134,10 +136,10 @@ def verdict_lines(sections: list[dict], grid: str) -> list[str]:
 
 def page_name(grid: str, taken: set[str]) -> str:
     """The file of a grid's page beside the index: <grid>.md, or, for a name that is no plain file name (a
-    hostile store's), the index's own name or one taken, grid-<sha256 prefix>.md."""
+    hostile store's), a name the site keeps for itself (RESERVED) or one taken, grid-<sha256 prefix>.md."""
     import re
     name = f"{grid}.md"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,100}", grid) or name == INDEX or name.lower() in taken:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,100}", grid) or name.lower() in RESERVED or name.lower() in taken:
         name = f"grid-{hashlib.sha256(grid.encode()).hexdigest()[:12]}.md"
     taken.add(name.lower())
     return name
