@@ -147,6 +147,16 @@ def test_samples_longer_than_the_run_are_refused(batched):
     assert len(probs) == 1 and probs[0].startswith(f"{w}: metrics.decode_tok_s.warmup_samples[0]: "), probs
 
 
+def test_a_process_faster_than_any_machine_can_start_one_is_refused():
+    _, doc = _find(lambda d: _ok_run(d, "command"))
+
+    def instant(d):
+        d["metrics"]["wall_s"]["samples"][0] = 1e-9
+    d, w = _lie(doc, instant)
+    assert any(p.startswith(f"{w}: metrics.wall_s.samples: 1e-09 s for a fresh process") for p in _problems(d, w))
+    assert not _problems(*_lie(doc, lambda d: None))
+
+
 def test_timing_out_of_order_is_refused(batched):
     t = batched["timing"]
 

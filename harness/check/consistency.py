@@ -29,6 +29,11 @@ NONNEGATIVE_UNITS = {"B", "bytes", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB",
 # A sample may exceed the run's wall clock (timing, UTC) by this much: samples are timed by monotonic clocks
 # inside the span, the span by the wall clock around it.
 RUN_SLACK_S, RUN_SLACK = 0.5, 0.01
+# A fresh process, started and run to its exit (a metric whose definition says "process, start to exit"), takes at
+# least this: fork, exec and exit of even /bin/sh are hundreds of microseconds on any machine these runs measure,
+# so a sample of 1 ns is a lie, not a fast machine.
+MIN_PROCESS_S = 50e-6
+_PROCESS = re.compile(r"process, start to exit")
 # timing.duration_s against end - start (one Span takes both: they differ by under a millisecond in the store).
 DURATION_SLACK_S = 1.0
 # Relative tolerance of a figure recomputed from the others by its shared definition (harness/metrics.py).
@@ -247,6 +252,9 @@ def _sample_problems(a: Any, where: str) -> list[str]:
         scale = TIME_UNITS.get(m.unit)
         if scale is None or not finite or not xs:
             continue
+        if _PROCESS.search(m.definition) and min(xs + ws) * scale < MIN_PROCESS_S:
+            out.append(f"{where}: metrics.{name}.samples: {min(xs + ws) * scale:.3g} s for a fresh process, start "
+                       f"to exit; no process starts and ends in under {MIN_PROCESS_S * 1e6:.0f} µs")
         # repetitions run one after another, the requests of one together: what they take adds up within the run
         if counted.get(name) == "request" and batch > 1:
             both = ws + xs
