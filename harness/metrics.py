@@ -98,7 +98,8 @@ SERVING_STATS = {"p50": "median", "p90": "90th percentile (linear interpolation)
 SERVING_BASE: dict[str, tuple[str, str]] = {
     "ttft": ("s", "time to first token: from sending the request to the arrival of its first output chunk"),
     "tpot": ("s", "time per output token: (arrival of the last output chunk - of the first) / (output tokens - 1), "
-                  "output tokens as the server counts them (usage), else the client's count"),
+                  "output tokens as the server counts them (usage) where that is what was asked, else as the client "
+                  "received them"),
     "itl_all": ("s", "gaps between consecutive output chunks of a request, all requests' gaps pooled"),
     "e2e": ("s", "end-to-end latency: from sending the request to the arrival of its last output chunk"),
 }
@@ -109,21 +110,24 @@ SERVING_METRICS |= {
     "request_throughput_req_s": ("req/s", True, "measured requests that completed / (the last one's end - the first "
                                                 "send); per repetition"),
     "serve_output_tok_s": ("tok/s", True, "output tokens of the measured requests that completed (the server's "
-                                          "count, else the client's) / (the last one's end - the first send); per "
-                                          "repetition"),
+                                          "count where that is what was asked, else the client's) / (the last one's "
+                                          "end - the first send); per repetition"),
     "goodput_share": ("share", True, "measured requests that completed within every bound of the grid's slo "
                                      "(ttft_s: TTFT, tpot_s: TPOT, e2e_s: e2e) / measured requests sent; per "
                                      "repetition"),
     "goodput_req_s": ("req/s", True, "measured requests that completed within every bound of the grid's slo / "
                                      "(the last one's end - the first send); per repetition"),
 }
-SERVING_DEFINITIONS_VERSION = "serving-chunks/1"
+SERVING_DEFINITIONS_VERSION = "serving-chunks/2"  # 2: a server's count is taken only where it is what was asked
 
 
 def request_latencies(r: dict) -> dict[str, float | list[float]]:
     """One completed request's TTFT, TPOT, chunk gaps and e2e (seconds), from its record (harness/serving.py)."""
     ch = r["chunks_s"]
-    n = (r.get("usage") or {}).get("completion_tokens") or sum(r["chunk_tokens"])
+    server, client = (r.get("usage") or {}).get("completion_tokens"), sum(r["chunk_tokens"])
+    # the server's count where it is what was asked (the client may see several tokens in one text chunk), else
+    # the client's: a server's word alone never makes a figure (records before `asked` was kept: as counted then)
+    n = (server if server == r["asked"] else client) if "asked" in r else (server or client)
     out: dict[str, float | list[float]] = {"ttft": ch[0] - r["sent_s"], "e2e": ch[-1] - r["sent_s"],
                                            "itl_all": [b - a for a, b in zip(ch, ch[1:])], "tokens": float(n)}
     if n > 1:

@@ -115,12 +115,13 @@ async def _one(session, ep: Endpoint, i: int, ids: list[int], gen_len: int, t0: 
                warmup: bool) -> dict[str, Any]:
     import aiohttp
     rec: dict[str, Any] = {"i": i, "warmup": warmup, "scheduled_s": scheduled, "prompt_tokens": len(ids),
-                           "chunks_s": [], "chunk_tokens": [], "usage": None, "error": None}
+                           "chunks_s": [], "chunk_tokens": [], "usage": None, "error": None, "asked": gen_len}
+    ended = False  # the stream's end marker (data: [DONE]) arrived
     headers = {"Authorization": f"Bearer {ep.api_key}"} if ep.api_key else {}
     rec["sent_s"] = time.perf_counter() - t0
     try:
         async with session.post(f"{ep.base_url}/v1/completions", json=_body(ep, ids, gen_len), headers=headers,
-                                timeout=aiohttp.ClientTimeout(total=ep.timeout_s)) as resp:
+                                timeout=aiohttp.ClientTimeout(total=ep.timeout_s), allow_redirects=False) as resp:
             rec["http_status"] = resp.status
             if resp.status != 200:
                 rec["error"] = f"HTTP {resp.status}: {(await resp.text())[:300]}"
@@ -136,6 +137,7 @@ async def _one(session, ep: Endpoint, i: int, ids: list[int], gen_len: int, t0: 
                         continue
                     data = line[5:].strip()
                     if data == b"[DONE]":
+                        ended = True
                         continue
                     msg = json.loads(data)
                     if msg.get("usage"):
@@ -150,9 +152,27 @@ async def _one(session, ep: Endpoint, i: int, ids: list[int], gen_len: int, t0: 
     except Exception as e:  # a refused connection, a reset, a malformed chunk: counted against the run
         rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     rec["end_s"] = time.perf_counter() - t0
-    if not rec["error"] and not rec["chunks_s"]:
-        rec["error"] = "no output token in the stream"
+    if not rec["error"]:
+        rec["error"] = incomplete(rec, ended)
     return rec
+
+
+def incomplete(rec: dict[str, Any], ended: bool) -> str | None:
+    """Why a request that streamed without an error did not get what was asked (a failed request), or None. The
+    client's count of what it received decides: a stream that stops short of the asked tokens fails unless the
+    server's own count (usage) says exactly what was asked (several tokens in one text chunk); more tokens than
+    asked, or a stream cut before its end marker (a reset, a server gone), fail."""
+    got, asked = sum(rec["chunk_tokens"]), rec["asked"]
+    server = (rec.get("usage") or {}).get("completion_tokens")
+    if not rec["chunks_s"]:
+        return "no output token in the stream"
+    if not ended:
+        return f"the stream ended before its end marker (data: [DONE]), after {got} of {asked} output tokens"
+    if got > asked:
+        return f"{got} output tokens received, {asked} asked"
+    if got < asked and server != asked:
+        return f"a short stream: {got} of {asked} output tokens received (the server counted {server})"
+    return None
 
 
 async def _run(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts: list[list[int]],

@@ -307,3 +307,28 @@ def test_the_command_engine_leaves_nothing_running_after_an_ok_run(write_grid, t
         assert _gone(d), "the command's children outlived its ok run"
     finally:
         _cleanup(d)
+
+
+def test_a_prebuilt_binarys_version_is_asked_contained(tmp_path, monkeypatch):
+    """A user's prebuilt llama-bench (build: {bin: DIR}) whose --version leaves a detached child holding its stdout
+    open: the answer is read at its exit, and the child does not outlive it; one that never answers is one line."""
+    from harness.engines.llamacpp import build
+    from harness.errors import UserError
+    d = _duration()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "llama-bench"
+    exe.write_text(f"#!/bin/sh\n( setsid sleep {d} & ) ; echo 'version: 1 (abc1234)'\n")
+    exe.chmod(0o755)
+    try:
+        t0 = time.time()
+        m = build._prebuilt_manifest(build.UserBuild(bin=bindir))
+        assert time.time() - t0 < 10 and m["build_commit"] == "abc1234"
+        assert _gone(d), "the version probe's child outlived it"
+    finally:
+        _cleanup(d)
+    exe.write_text("#!/bin/sh\nsleep 600\n")
+    os.utime(exe, ns=(1, 1))  # another binary: asked again
+    monkeypatch.setattr(build, "VERSION_TIMEOUT_S", 1.0)
+    with pytest.raises(UserError, match="--version did not answer within 1 s"):
+        build._prebuilt_manifest(build.UserBuild(bin=bindir))

@@ -19,8 +19,13 @@ class FakeServer:
     """/v1/completions streaming `max_tokens` chunks `gap_s` apart after `ttft_s`, usage last; requests whose
     first prompt id is 666 get HTTP 500; records the most requests it had in flight."""
 
-    def __init__(self, ttft_s: float = 0.02, gap_s: float = 0.005, usage_extra: int = 0, ids_in_chunks: bool = False):
+    def __init__(self, ttft_s: float = 0.02, gap_s: float = 0.005, usage_extra: int = 0, ids_in_chunks: bool = False,
+                 usage: int | None = None, stop_after: int | None = None, end_unmarked: bool = False,
+                 redirect: bool = False):
+        """Misbehaviours: `usage` its claimed count; `stop_after` tokens sent, then a clean end; `end_unmarked`: the
+        stream ends without data: [DONE]; `redirect`: a 307 to another path."""
         self.ttft_s, self.gap_s, self.usage_extra, self.ids = ttft_s, gap_s, usage_extra, ids_in_chunks
+        self.usage, self.stop_after, self.end_unmarked, self.redirect = usage, stop_after, end_unmarked, redirect
         self.in_flight = self.most = 0
         self.bodies: list[dict] = []
 
@@ -30,18 +35,24 @@ class FakeServer:
         self.bodies.append(body)
         if body["prompt"][0] == 666:
             return web.Response(status=500, text="boom")
+        if self.redirect:
+            return web.Response(status=307, headers={"Location": "/v1/elsewhere"})
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         try:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             await asyncio.sleep(self.ttft_s)
-            n = body["max_tokens"]
+            n = body["max_tokens"] if self.stop_after is None else self.stop_after
             for i in range(n):
                 choice = {"text": f"t{i}", "index": 0} | ({"token_ids": [i]} if self.ids else {})
                 await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
                 await asyncio.sleep(self.gap_s)
-            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n + self.usage_extra}
+            if self.end_unmarked:
+                await resp.write_eof()
+                return resp
+            usage = {"prompt_tokens": len(body["prompt"]),
+                     "completion_tokens": self.usage if self.usage is not None else n + self.usage_extra}
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             return resp
@@ -153,6 +164,71 @@ def test_errors_are_counted_and_usage_mismatches_flagged():
     assert u["n_mismatched"] == 3 and u["mismatches"][0]["server_tokens"] == 5 and not u["ok"]
     f = metrics.serving_figures(recs, {"ttft_s": 10.0})
     assert f["goodput_share"] == pytest.approx(3 / 4)  # the failed request counts against goodput
+
+
+def test_a_figure_is_what_the_client_received_never_the_servers_word_alone():
+    """A server claiming a million tokens for 4 sent: the client's 4 make the rate, the mismatch is recorded; a
+    stream short of the asked tokens, one cut before its end marker, and a redirect are failed requests."""
+    load = serving.Load(requests=2, concurrency=1)
+    with FakeServer(usage=1_000_000) as srv:
+        out = serving.run_load(srv.endpoint, load, _prompts(2), [], 4)
+    recs = out["requests"]
+    assert not any(r["error"] for r in recs) and not serving.usage_check(recs, 4)["ok"]
+    lats = [metrics.request_latencies(r) for r in recs]
+    assert [lat["tokens"] for lat in lats] == [4.0, 4.0]
+    f = metrics.serving_figures(recs, None)
+    span = max(r["end_s"] for r in recs) - min(r["sent_s"] for r in recs)
+    assert f["serve_output_tok_s"] == pytest.approx(8 / span)
+    for server, says in ((FakeServer(stop_after=2), "a short stream: 2 of 4 output tokens received"),
+                         (FakeServer(stop_after=2, usage=4), None),  # several tokens in one chunk: the server vouches
+                         (FakeServer(end_unmarked=True), "the stream ended before its end marker"),
+                         (FakeServer(redirect=True), "HTTP 307")):
+        with server as srv:
+            out = serving.run_load(srv.endpoint, load, _prompts(2), [], 4)
+        errors = [r["error"] for r in out["requests"]]
+        assert all((says in e) if says else e is None for e in errors), errors
+        if server.redirect:
+            assert len(server.bodies) == 2  # asked once each, never re-sent to where it pointed
+
+
+def test_a_reachability_check_is_bounded_whole_and_never_redirected():
+    import http.server
+    import time
+
+    from harness.engines.server.worker import get_json
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/moved":
+                self.send_response(307)
+                self.send_header("Location", "/health")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            try:
+                for _ in range(100):  # a byte a second
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(1)
+            except OSError:  # the client gave up, as it should
+                pass
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        t0 = time.time()
+        with pytest.raises(TimeoutError, match="did not answer whole within 2 s"):
+            get_json(base + "/health", timeout=2.0)
+        assert time.time() - t0 < 6
+        assert get_json(base + "/moved", timeout=2.0) == (307, None)
+    finally:
+        srv.shutdown()
 
 
 def test_token_ids_in_chunks_are_counted():
@@ -400,7 +476,7 @@ def test_the_crosscheck_page_puts_vllms_printed_medians_beside_the_harnesss():
     def art(arm, p, ttft, printed=None):
         eff = {"tool_report": [{"median_ttft_ms": printed, "median_itl_ms": 20.0, "median_tpot_ms": "n/a"}]} \
             if printed is not None else {}
-        return NS(status="ok", workload=NS(load={"requests": 4}), execution=NS(effective=eff),
+        return NS(status="ok", workload=NS(load={"requests": 4}), execution=NS(effective=eff), engine=NS(name="vllm-server"),
                   grid=NS(cell="batch=1,concurrency=4", arm=arm, pass_index=p),
                   metrics={"ttft_p50_s": NS(samples=[ttft]), "itl_all_p50_s": NS(samples=[0.02])})
     series = [art("harness", p, 0.1 + p / 100) for p in range(3)] + [art("bench", p, 0.2, 200.0 + p) for p in range(3)]

@@ -166,6 +166,15 @@ def _warnings(an: analysis.SeriesAnalysis, ok: list) -> list[str]:
         if a.execution.settings is None and isinstance(eff, int) and eff != a.execution.threads:
             warnings.append(f"arm {a.grid.arm}, cell {a.grid.cell}: requested {a.execution.threads} thread(s), "
                             f"the engine used {eff} (read back); its figures are not a {a.execution.threads}-thread result")
+    # what an engine flagged in a run it kept ok (a client behind its schedule, a server whose usage disagreed)
+    flagged: dict[str, list] = {}
+    for a in ok:
+        flag = a.execution.effective.get("flag")
+        for f in (flag.split("; ") if isinstance(flag, str) else ()):
+            flagged.setdefault(f.split(":", 1)[0], []).append(a)
+    for what, runs in flagged.items():
+        warnings.append(f"{len(runs)} run(s) flagged {what!r} (execution.effective.flag): their figures are shown, "
+                        "read them with it")
     loaded = [a for a in ok if isinstance(a.host.get("other_load_during_run"), dict)
               and a.host["other_load_during_run"].get("other_cores", 0) > LOADED_CORES]
     if loaded:

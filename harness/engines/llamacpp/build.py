@@ -300,12 +300,26 @@ def _require_tool(name: str, fix: str) -> str:
     return exe
 
 
-def _first_line(cmd: list[str]) -> str:
+VERSION_TIMEOUT_S = 30.0  # a tool's `--version` answers in milliseconds
+
+
+def _version_output(cmd: list[str]) -> tuple[str, str] | None:
+    """A tool's `--version` (stdout, stderr), run contained (its own session: what it starts is killed when it
+    exits, and an output held open by such a child does not hold the harness) with a bound; None: it did not run
+    or did not exit within VERSION_TIMEOUT_S."""
+    from harness.engines.base import run_process
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+        r = run_process(cmd, dict(os.environ), VERSION_TIMEOUT_S, poll_s=None, stdout_limit=1 << 20)
     except OSError:
-        return "unknown"
-    return (out.strip().splitlines() or ["unknown"])[0]
+        return None
+    if r.timed_out:
+        return None
+    return r.stdout, r.stderr
+
+
+def _first_line(cmd: list[str]) -> str:
+    got = _version_output(cmd)
+    return ((got[0].strip().splitlines() if got else None) or ["unknown"])[0]
 
 
 def _prebuilt_manifest(ub: UserBuild) -> dict:
@@ -321,8 +335,11 @@ def _prebuilt(bindir: str, stamps: tuple) -> str:
     ub = UserBuild(bin=Path(bindir))
     binaries = {t: {"path": str(ub.bin / t), "sha256": sha256_file(ub.bin / t), "size": size}
                 for t, size, _, _ in stamps}
-    r = subprocess.run([str(ub.bin / "llama-bench"), "--version"], capture_output=True, text=True, timeout=60)
-    version = " | ".join(line.strip() for line in (r.stdout + r.stderr).splitlines() if "version" in line.lower())
+    got = _version_output([str(ub.bin / "llama-bench"), "--version"])
+    if got is None:
+        raise UserError(f"build.bin {ub.bin}", f"llama-bench --version did not answer within {VERSION_TIMEOUT_S:.0f} s",
+                        "give a folder of llama.cpp's own binaries (it prints its version and exits)")
+    version = " | ".join(line.strip() for line in (got[0] + got[1]).splitlines() if "version" in line.lower())
     found = re.search(r"\bcommit ([0-9a-f]{6,40})\b", version) or re.search(r"\(([0-9a-f]{6,40})\)", version)
     commit = found.group(1) if found else "unknown (prebuilt)"
     key = hashlib.sha256(json.dumps({t: b["sha256"] for t, b in binaries.items()}, sort_keys=True).encode())

@@ -156,8 +156,13 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
             status = "failed"
             error = (f"{len(errors)} of {len(measured)} requests failed (more than {limit:.0%}): "
                      f"{errors[0]['error']}")
-        elif any(s["client_behind"] for s in sched):
-            effective["flag"] = "client_behind: the client could not keep the load's schedule (see schedule)"
+        else:
+            flags = [*(["client_behind: the client could not keep the load's schedule (see schedule)"]
+                       if any(s["client_behind"] for s in sched) else []),
+                     *([f"usage_mismatch: the server's token count differs from the client's or the asked length in "
+                        f"{usage['n_mismatched']} request(s) (see usage_check)"] if not usage["ok"] else [])]
+            if flags:
+                effective["flag"] = "; ".join(flags)
         return EngineResult(status=status, metrics=metrics.from_serving(samples, serving_grid.slo(ctx.spec)) if status == "ok" else {},
                             engine=info, requested=requested, effective=effective, command=shown, env=env_rec,
                             peak_memory=worker.proc.peak_memory,

@@ -88,7 +88,7 @@ def run(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts: list
         for gap in ([] if err else itl):
             chunks.append(chunks[-1] + gap)
         n_out = res["output_lens"][i]
-        recs.append({"i": i, "warmup": False, "scheduled_s": None, "prompt_tokens": len(ids), "sent_s": sent,
+        recs.append({"i": i, "warmup": False, "scheduled_s": None, "prompt_tokens": len(ids), "sent_s": sent, "asked": gen_len,
                      "chunks_s": chunks, "chunk_tokens": [1] * len(chunks), "error": err,
                      "usage": {"prompt_tokens": res["input_lens"][i], "completion_tokens": n_out,
                                "counted_by": "vllm bench serve"},

@@ -35,12 +35,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is the answer (its 3xx status), never followed: what the artifact names is what answered."""
+
+    def redirect_request(self, *a: Any, **k: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+MAX_ANSWER = 8 << 20
+
+
 def get_json(url: str, timeout: float = 5.0, api_key: str | None = None) -> tuple[int, Any]:
+    """GET `url`: (status, its JSON or text), the whole answer within `timeout` (each read waits at most `timeout`
+    and none starts after it: a server answering a byte a second is cut off, not only one that never starts), a
+    redirect not followed."""
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    deadline = time.monotonic() + timeout
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            body = r.read(8 << 20)
-            status = r.status
+        with _OPENER.open(req, timeout=timeout) as r:
+            status, parts, n = r.status, [], 0
+            while n < MAX_ANSWER:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{url} did not answer whole within {timeout:g} s")
+                part = r.read1(min(65536, MAX_ANSWER - n))
+                if not part:
+                    break
+                parts.append(part)
+                n += len(part)
+            body = b"".join(parts)
     except urllib.error.HTTPError as e:
         return e.code, None
     try:
