@@ -297,3 +297,20 @@ def test_what_check_judges_by_is_the_original(params):
     assert check.cell_id(params) == grid.cell_id(params)
     assert check.run_key(grid.cell_id(params), "arm", 3) == schedule.run_key(grid.cell_id(params), "arm", 3)
     assert check.MEMORY_TOLERANCE == emulate.MEMORY_TOLERANCE
+
+
+def test_a_grid_sha256_its_commits_grid_file_does_not_have_is_refused(batched, tmp_path):
+    """grid.sha256 is checked against the grid file in the commit that ran it (git history), where that commit
+    tracks it: a lie with the id recomputed is caught; a grid outside the checkout has nothing to say it against."""
+    from harness.check.gridfiles import grid_record
+    d, w = _lie(batched, lambda d: d["grid"].update(sha256="0" * 64))
+    (tmp_path / w).write_text(json.dumps(d))
+    n, probs = check.check([str(tmp_path)], verify_models=False)
+    assert n == 1 and any(p.startswith(f"{tmp_path / w}: grid.sha256: {'0' * 64}, but {batched['grid']['path']} at "
+                                       f"commit {batched['harness']['commit'][:12]}") for p in probs), probs
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    (ok / f"{batched['id']}.json").write_text(json.dumps(batched))
+    assert check.check([str(ok)], verify_models=False) == (1, [])
+    moved, _ = _lie(batched, lambda d: d["grid"].update(path="/elsewhere/g.yaml"))
+    assert grid_record(artifact.parse(moved, "x")) is None

@@ -10,6 +10,7 @@ files under the paths given, their caches, a process pool for large stores) stan
     content.py      required provenance, host key, tree state, emulation evidence, settings read back
     consistency.py  figures of one artifact that contradict each other
     modelfiles.py   recorded model files against this machine's zoo
+    gridfiles.py    the grid's sha256 against its file in the commit that ran it
     references.py   rules across artifacts: fidelity references, rate sweeps
 """
 
@@ -26,6 +27,7 @@ from harness.artifact import loads
 from harness.check.accepted import accepted, check_doc, doc_problems, load_accepted, problems_of
 from harness.check.consistency import instant
 from harness.check.content import REQUIRED, read_back_problems
+from harness.check.gridfiles import grid_problems, grid_record
 from harness.check.modelfiles import comparable, model_file_problems, users_model
 from harness.check.references import (ref_summary, reference_mismatch, reference_problems, sweep_problems,
                                       sweep_record)
@@ -94,6 +96,8 @@ def _check_file(f: Path, allow_unknown_commit: bool) -> tuple[list[str], dict | 
     if not isinstance(doc, dict):
         return problems, None
     rec: dict[str, Any] = {"id": doc.get("id")}
+    if a is not None and getattr(a, "grid", None) is not None and getattr(a, "harness", None) is not None:
+        rec["grid"] = grid_record(a)
     if getattr(a, "model", None) is not None and a.model.files:
         rec["model"] = [a.model.name, [[m.path, m.sha256] for m in a.model.files], users_model(a)]
     kind = doc.get("kind")
@@ -174,10 +178,13 @@ def _check(paths: Iterable[str], verify_models: bool, allow_unknown_commit: bool
     seen: dict[str, str] = {}
     fidelity_recs: list[tuple[str, dict]] = []
     references: dict[str, dict | None] = {}
+    grids: list[tuple[str, list[str]]] = []
     for (where, _), (probs, rec) in zip(sources, results):
         problems += probs
         if rec is None:
             continue
+        if rec.get("grid"):
+            grids.append((where, rec["grid"]))
         if verify_models and "model" in rec:
             name, mfiles, user = rec["model"]
             files = comparable(tuple(map(tuple, mfiles)))
@@ -192,6 +199,7 @@ def _check(paths: Iterable[str], verify_models: bool, allow_unknown_commit: bool
                 problems.append(f"{where}: id: duplicate of {seen[aid]}")
             seen.setdefault(aid, where)
     problems += reference_problems(fidelity_recs, references)
+    problems += grid_problems(grids)
     problems += sweep_problems([(where, rec["sweep"]) for (where, _), (_, rec) in zip(sources, results)
                                if rec is not None and isinstance(rec.get("sweep"), dict)])
     return len(sources), problems
