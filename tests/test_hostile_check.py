@@ -314,3 +314,18 @@ def test_a_grid_sha256_its_commits_grid_file_does_not_have_is_refused(batched, t
     assert check.check([str(ok)], verify_models=False) == (1, [])
     moved, _ = _lie(batched, lambda d: d["grid"].update(path="/elsewhere/g.yaml"))
     assert grid_record(artifact.parse(moved, "x")) is None
+
+
+def test_a_host_block_of_another_machine_is_refused_where_the_build_says_otherwise(batched):
+    """Another machine's identity, its key recomputed: llama.cpp's system info (read back by the run) names ISA
+    features its build used; a host block whose CPU lacks one is not the machine that ran it."""
+    from harness.probe import host_key
+    used = [f for f in ("avx2", "fma", "f16c") if f" {f.upper()} = 1" in batched["execution"]["effective"]["system_info"]]
+    assert used, "the published run's build reports AVX2"
+
+    def other(d):
+        d["host"]["cpu"]["isa"][used[0]] = False
+        d["host"]["key"] = host_key(d["host"])
+    d, w = _lie(batched, other)
+    assert f"{w}: host.cpu.isa.{used[0]}: false, but the engine's read-back says its build used it (execution." \
+           "effective): the run and the host block are not of one machine" in _problems(d, w)

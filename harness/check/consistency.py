@@ -12,7 +12,7 @@ from typing import Any
 
 
 from harness.engines import ENGINES, engine_class
-from harness.engines.capabilities import Limits
+from harness.engines.capabilities import IsaCap, Limits
 from harness.metrics import DEFINITIONS_VERSION, REQUEST_METRICS
 from harness.rules import cell_id, run_key
 
@@ -63,6 +63,7 @@ def consistency_problems(a: Any, where: str) -> list[str]:
     if a.kind == "run":
         out += _cell_problems(a, where)
         out += _settings_problems(a, where)
+        out += _isa_problems(a, where)
         if a.status == "ok":
             out += _sample_problems(a, where)
     return out
@@ -170,6 +171,20 @@ def _lookup(d: dict, dotted: str) -> Any:
         if v is KeyError:
             break
     return v
+
+
+def _isa_problems(a: Any, where: str) -> list[str]:
+    """The ISA features the engine's read-back says its build used, each one the host block's CPU has: a run and a
+    host block of two machines (another machine's identity, its key recomputed) contradict each other here."""
+    cls = engine_class(a.engine.name) if a.engine.name in ENGINES else None
+    if cls is None or not issubclass(cls, IsaCap) or a.status != "ok":
+        return []
+    isa = a.host.cpu.get("isa")
+    if not isinstance(isa, dict):
+        return []
+    return [f"{where}: host.cpu.isa.{feat}: false, but the engine's read-back says its build used it "
+            f"(execution.effective): the run and the host block are not of one machine"
+            for feat in cls.isa_in_use(a.execution.effective or {}) if isa.get(feat) is False]
 
 
 def _settings_problems(a: Any, where: str) -> list[str]:

@@ -160,6 +160,12 @@ class IsaCap:
         """How an ISA cap below this machine's was applied to the engine and read back (emulate.isa_record)."""
         return {"applied": "none", "status": f"not emulated: the {self.name} engine has no ISA switch"}  # type: ignore
 
+    @classmethod
+    def isa_in_use(cls, effective: dict[str, Any]) -> list[str]:
+        """The ISA features (host.cpu.isa's names) a run's read-back says its build used: `harness check` holds
+        the host block to have each (a run and a host of two machines contradict each other)."""
+        return []
+
 
 class StepParts:
     """Decode-step attribution (harness/metrics.py step_parts): what each part it times is in this engine, and

@@ -33,6 +33,10 @@ CTX_PAD = 256  # this llama.cpp pads each sequence's context to a multiple of 25
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: the most parallel sequences one context holds
 DEFAULT_OVERHEAD = 64 << 20  # runtime memory beyond weights and KV where no run was measured yet (a default)
 # llama.cpp's system info names of the instruction sets above each tier: none may read "= 1" under the cap
+# llama_print_system_info()'s features and host.cpu.isa's names for them
+SYSTEM_INFO_ISA = {"AVX": "avx", "AVX2": "avx2", "FMA": "fma", "F16C": "f16c", "AVX512": "avx512f",
+                   "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16", "AVX_VNNI": "avx_vnni",
+                   "AMX_INT8": "amx_int8"}
 ABOVE_TIER = {"baseline": ("AVX", "AVX2", "FMA", "F16C", "AVX512", "AVX512_BF16", "AMX_INT8"),
               "avx2": ("AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8"),
               "avx512": ("AVX512_VNNI", "AVX512_BF16", "AMX_INT8"), "avx512-bf16": ("AMX_INT8",), "amx": ()}
@@ -137,6 +141,14 @@ class LlamaCpp(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks):
         form, rule = self.form_for(profile)
         return hardware.adapt_rows(self, model, profile, ("form", form, rule), {}, context_len, store, host,
                                    "parallel sequences")
+
+    @classmethod
+    def isa_in_use(cls, effective: dict[str, Any]) -> list[str]:
+        """The features its system info reports on (`AVX2 = 1`), as host.cpu.isa names them."""
+        info = effective.get("system_info")
+        if not isinstance(info, str):
+            return []
+        return [feat for name, feat in SYSTEM_INFO_ISA.items() if re.search(rf"\b{name} = 1\b", info)]
 
     def isa_record(self, tier: str, env: dict[str, str], effective: dict[str, Any]) -> dict[str, Any]:
         """The build variant capped at the tier (`harness build --isa TIER`), its system info read back."""
