@@ -123,3 +123,59 @@ def test_out_through_a_link_replaces_the_link(cli, tmp_path):
     rc, _, err = cli("export", "--format", "csv", "--store", STORE, "--grid", GRID, "--out", link)
     assert rc == 0, err
     assert victim.read_text() == "keep me" and not link.is_symlink() and link.read_text().startswith("id,grid")
+
+
+HOSTILE = "a|b\n<!--<script>'); DROP TABLE llama_bench;--=1+1"
+
+
+def test_a_hostile_arm_name_reaches_every_export_intact(tmp_path, runs, cli):
+    """An arm named to break things (a table's '|', a line break, a script block's opening, SQL, a spreadsheet
+    formula) in a store that check accepts: every format reads it back, by its own tool, as it was."""
+    from harness import artifact, rules
+    from harness.check import check
+    a = next(r for r in runs if r.engine.name == "llama.cpp" and r.status == "ok")
+    doc = json.loads(Path(next(p for p in Path(STORE, GRID).rglob("*.json") if a.id in p.name)).read_text())
+    doc["grid"]["arm"] = HOSTILE
+    doc["grid"]["run_key"] = rules.run_key(doc["grid"]["cell"], HOSTILE, doc["grid"]["pass_index"])
+    doc["id"] = artifact.compute_id(doc)
+    store = tmp_path / "store" / doc["grid"]["name"]
+    store.mkdir(parents=True)
+    (store / f"{doc['id']}.json").write_text(json.dumps(doc))
+    assert check([str(tmp_path / "store")], verify_models=False) == (1, [])
+    hostile_runs = export.select([str(tmp_path / "store")], [doc["grid"]["name"]])
+    for fmt in ("csv", "parquet", "jsonl"):
+        out = tmp_path / f"r.{fmt}"
+        out.write_bytes(export.render(fmt, hostile_runs))
+        arms = (pd.read_csv(out)["arm"] if fmt == "csv" else pd.read_parquet(out)["arm"] if fmt == "parquet"
+                else [json.loads(line)["arm"] for line in out.read_text().splitlines()])
+        assert set(arms) == {HOSTILE}, fmt
+    db = sqlite3.connect(":memory:")
+    db.executescript(export.render("llama-bench-sql", hostile_runs).decode())
+    assert db.execute("SELECT count(*) FROM llama_bench").fetchone()[0] >= 1  # the table survived its rows
+    pp = json.loads(export.render("pyperf", hostile_runs, one_arm=True))
+    assert all(isinstance(b["metadata"]["name"], str) for b in pp["benchmarks"])
+
+    # and the report's pages: every table row keeps its header's cells; no script block is opened in the HTML
+    from markdown_it import MarkdownIt
+    (tmp_path / "site").mkdir()
+    for where in (("--out", tmp_path / "site" / "results.md"), ("--html", tmp_path / "html")):
+        rc, _, err = cli("report", "--store", tmp_path / "store", *where)
+        assert rc == 0, err
+    md = MarkdownIt("commonmark").enable("table")
+    pages = sorted((tmp_path / "site").glob("*.md"))
+    assert any("a\\|b <!--<script>" in p.read_text() for p in pages)  # escaped in its cell, whole
+    for p in pages:
+        tokens, cells, header = md.parse(p.read_text()), 0, None
+        for t in tokens:
+            if t.type == "tr_open":
+                cells = 0
+            elif t.type in ("th_open", "td_open"):
+                cells += 1
+            elif t.type == "tr_close":
+                header = cells if header is None else header
+                assert cells == header, (p.name, cells, header)
+            elif t.type == "table_close":
+                header = None
+    for h in (tmp_path / "html").glob("*.html"):
+        text = h.read_text()
+        assert "<!--<script>" not in text and text.count("<script") == text.count("</script>"), h.name
