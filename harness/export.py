@@ -23,10 +23,10 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
+from harness.engines import weight_files
 from harness.engines.capabilities import Yardsticks, capability
 from harness.errors import UserError
 from harness.untrusted import write_file
-from harness.engines import weight_files
 
 DEFAULT_STORES = ["artifacts", "baselines"]
 FORMATS = ("csv", "jsonl", "parquet", "llama-bench-json", "llama-bench-sql", "pyperf")

@@ -10,8 +10,8 @@ from collections import defaultdict
 from typing import Any
 
 from harness import stats
-from harness.metrics import STEP_PART_NAMES, step_parts
 from harness.engines import weight_bytes
+from harness.metrics import STEP_PART_NAMES, step_parts
 
 PARTS = tuple(STEP_PART_NAMES)
 ACCOUNT_TOLERANCE = 0.10  # the parts must account for the inter-token latency within this

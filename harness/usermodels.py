@@ -182,7 +182,7 @@ def synthetic_shape(um: UserModel, where: str) -> dict[str, int]:
 def gguf_info(path: Path, where: str) -> dict[str, Any]:
     """What a GGUF says of itself (architecture, file type, parameter count, shape), read with gguf-py; a file
     that is not GGUF (magic bytes) or is truncated (its tensors' data past its end) is refused."""
-    untrusted.regular_file(path, where, "give a .gguf model file")
+    untrusted.regular_file(path, where, "give an existing GGUF file")
     try:
         with open(path, "rb") as f:
             magic = f.read(4)

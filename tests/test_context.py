@@ -6,9 +6,9 @@ from types import SimpleNamespace as NS
 from harness import context, models
 
 
-def _art(prompt_len, effective, model="smollm2-135m", status="ok"):
+def _art(prompt_len, effective, model="smollm2-135m", status="ok", engine="llama.cpp"):
     return NS(status=status, workload=NS(prompt_len=prompt_len, gen_len=64), model=NS(name=model),
-              execution=NS(effective=effective))
+              execution=NS(effective=effective), engine=NS(name=engine))
 
 
 def test_kv_bytes_per_token_from_either_engine():
@@ -19,6 +19,8 @@ def test_kv_bytes_per_token_from_either_engine():
     assert b == 23040 and src == "f16/f16 x model geometry"
     assert context.kv_bytes_per_token(_art(128, {"type_k": "q8_0", "type_v": "f16"}))[0] == 5760 * (34 / 32 + 2)
     assert context.kv_bytes_per_token(_art(128, {}, model="unknown"))[0] is None
+    # the KV types are llama.cpp's (its Sizing): an engine that reads back none has no such figure
+    assert context.kv_bytes_per_token(_art(128, {"type_k": "f16", "type_v": "f16"}, engine="vllm"))[0] is None
     # 1.7B shape: 2 x 24 x 32 x 64
     assert models.kv_elements_per_token("smollm2-1.7b-synthetic") == 98304
 

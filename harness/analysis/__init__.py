@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness import stats
+from harness.engines import weight_bytes
 from harness.grid import in_family
 from harness.analysis.series import (_BUILD_IDS, _MODEL_IDS, _WEIGHT_SHAS, Newest, all_series, build_id, by_host, by_key,
                                      fidelity_gates, fidelity_key, forget, gate, isa_cap, machine_key, mixed_builds,
@@ -24,7 +25,6 @@ from harness.analysis.series import (_BUILD_IDS, _MODEL_IDS, _WEIGHT_SHAS, Newes
 # the serving workload kind's analysis (harness/workloads/serving), read here by the plots, the HTML site and tests
 from harness.workloads.serving.analysis import (LOAD_LATENCIES, TOOL_MEDIANS, CapacityRow, SweepRate, SweepView,
                                                 ToolMedians, load_of, load_points, sweep_view, tool_medians)
-from harness.engines import weight_bytes
 
 # what the report, the summary and the tests read here (series.py and serving.py hold them)
 __all__ = ["ALPHA", "LOAD_LATENCIES", "TOOL_MEDIANS", "_BUILD_IDS", "_MODEL_IDS", "_WEIGHT_SHAS", "AARow", "AcrossRow",

@@ -148,7 +148,7 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     names = [a.name for a in arms]
     axes = _axes(path, doc)
     fixed, kind_fields = _workload(path, doc, axes, arms)
-    passes = integer(path, "passes", doc.get("passes", 1))
+    passes = integer(path, "passes", doc.get("passes", 1), hi=1 << 62)  # bounded by the runs they make (MAX_RUNS)
     repetitions = integer(path, "repetitions", doc.get("repetitions", 3))
     warmups = integer(path, "warmups", doc.get("warmups", 1), lo=0)
     n_cells = _size(path, axes, len(arms), passes)

@@ -13,8 +13,8 @@ from typing import Any
 from harness import analysis, stats, targets, views
 from harness.analysis import Newest, by_key
 from harness.artifact import RunArtifact
-from harness.probe import describe
 from harness.engines import weight_files
+from harness.probe import describe
 
 
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
