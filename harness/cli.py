@@ -256,7 +256,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from harness import export
     if args.format == "parquet" and args.out in (None, "-"):
         raise UserError("--out", "parquet is binary", "give --out FILE.parquet")
-    runs = export.select(args.store, args.grid, args.host, args.engine, args.arm, err=sys.stderr)
+    runs = export.select(args.store, args.grid, args.host, args.engine, args.arm, err=sys.stderr,
+                         all_series=args.all_series)
     export.write(args.out, export.render(args.format, runs, one_arm=len({a.grid.arm for a in runs}) == 1 and
                                          bool(args.arm)), sys.stdout)
     if args.out not in (None, "-"):
@@ -410,6 +411,8 @@ def _store_verbs(sub: Any) -> None:
     for flag, what in (("grid", "grid name"), ("host", "host key"), ("engine", "engine name"), ("arm", "arm name")):
         se.add_argument(f"--{flag}", action="append", default=None, metavar=flag.upper(),
                         help=f"only runs of this {what} (repeatable)")
+    se.add_argument("--all-series", action="store_true", help="every series of each grid on each host (default: "
+                    "the newest, the report's); the series column tells them apart")
     se.add_argument("--out", default=None, help="file to write (replaced whole); default: stdout")
     se.set_defaults(func=cmd_export)
 

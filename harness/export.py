@@ -30,10 +30,12 @@ from harness.untrusted import write_file
 
 DEFAULT_STORES = ["artifacts", "baselines"]
 FORMATS = ("csv", "jsonl", "parquet", "llama-bench-json", "llama-bench-sql", "pyperf")
-COLUMNS = ("id", "grid", "grid_sha256", "grid_path", "host_key", "machine_key", "emulation", "cpu_model", "isa_tier",
-           "cell", "arm", "baseline_arm", "pass_index", "position", "order", "status", "error",
+COLUMNS = ("id", "grid", "grid_sha256", "grid_path", "series", "host_key", "machine_key", "emulation", "cpu_model",
+           "isa_tier", "cell", "arm", "baseline_arm", "pass_index", "position", "order", "status", "error",
            "engine", "engine_version", "build_commit", "build_id", "model", "form", "dtype", "weights_sha256",
            "threads", "prompt_len", "context_len", "gen_len", "batch",
+           "load_concurrency", "load_rate", "load_arrival", "load_burstiness", "load_requests", "sent_rate_req_s",
+           "slo",
            "metric", "unit", "higher_is_better", "definition", "n_samples", "median", "mean", "stdev", "min", "max",
            "samples", "warmup_samples", "start", "end", "harness_commit", "dirty", "loadavg_before")
 
@@ -53,12 +55,25 @@ def collect(store_dirs: list[str] | None, err=None):
     return c
 
 
+def series_id(a) -> str:
+    """A run's series: its grid, the machine that measured it and the grid's version (sha256 prefix), as `harness
+    compare` names a side (GRID@HOST#SHA)."""
+    from harness.analysis import machine_key
+    return f"{a.grid.name}@{machine_key(a)}#{a.grid.sha256[:12]}"
+
+
 def select(store_dirs: list[str] | None, grids: list[str] | None = None, hosts: list[str] | None = None,
-           engines: list[str] | None = None, arms: list[str] | None = None, err=None) -> list:
-    """The run artifacts of the stores that check accepts, filtered; what it leaves out is named on `err`."""
+           engines: list[str] | None = None, arms: list[str] | None = None, err=None,
+           all_series: bool = False) -> list:
+    """The run artifacts of the stores that check accepts, filtered: by default the newest series of each grid on
+    each machine (the report's), with `all_series` every series; what it leaves out is named on `err`."""
+    from harness.analysis import newest_by_grid_and_host
     dirs = store_dirs or DEFAULT_STORES
     c = collect(dirs, err)
-    runs = [a for g, arts in c.runs.items() if not grids or g in grids for a in arts]
+    chosen = c.runs if all_series else {
+        g: [a for (name, _), series in newest_by_grid_and_host(c.runs).items() if name == g for a in series]
+        for g in c.runs}
+    runs = [a for g, arts in chosen.items() if not grids or g in grids for a in arts]
     runs = [a for a in runs if (not hosts or a.host.key in hosts) and (not engines or a.engine.name in engines)
             and (not arms or a.grid.arm in arms)]
     runs.sort(key=lambda a: (a.grid.name, a.host.key, a.grid.pass_index, a.grid.position, a.id))
@@ -80,7 +95,15 @@ def rows(runs: Iterable) -> list[dict[str, Any]]:
     out = []
     for a in runs:
         w, lb = a.workload, a.host.get("loadavg_before")
+        load = w.load if isinstance(w.load, dict) else {}
+        sent = [x.get("rate_req_s") for x in a.execution.effective.get("achieved") or [] if isinstance(x, dict)]
+        sent = [x for x in sent if isinstance(x, (int, float)) and not isinstance(x, bool)]
         base = {"id": a.id, "grid": a.grid.name, "grid_sha256": a.grid.sha256, "grid_path": a.grid.path,
+                "series": series_id(a),
+                "load_concurrency": load.get("concurrency"), "load_rate": load.get("rate"),
+                "load_arrival": load.get("arrival"), "load_burstiness": load.get("burstiness"),
+                "load_requests": load.get("requests"), "sent_rate_req_s": statistics.median(sent) if sent else None,
+                "slo": json.dumps(w.slo, sort_keys=True) if w.slo else None,
                 "host_key": a.host.key, "machine_key": a.host.get("machine_key") or a.host.key,
                 "emulation": a.host.emulation, "cpu_model": a.host.cpu.get("model"),
                 "isa_tier": a.host.cpu.get("isa_tier"), "cell": a.grid.cell, "arm": a.grid.arm,
@@ -186,9 +209,16 @@ def _line(text: str) -> str:
 
 
 def pyperf_suite(runs: list, one_arm: bool) -> dict[str, Any]:
-    """pyperf's JSON (format version 1.0): a benchmark per (grid, arm, cell, metric); the arm leaves the name when
-    every run is of one arm (--arm), so that `pyperf compare_to a.json b.json` matches two arms' files by name."""
+    """pyperf's JSON (format version 1.0): a benchmark per (series, arm, cell, metric, definition): pyperf holds a
+    benchmark's runs to one host and CPU, and a benchmark never mixes two definitions of its metric (a second one
+    is named by its hash). The arm leaves the name when every run is of one arm (--arm), so that `pyperf
+    compare_to a.json b.json` matches two arms' files by name."""
+    import hashlib
     benches: dict[str, dict[str, Any]] = {}
+    defs: dict[str, set] = {}
+    for a in runs:
+        for name, m in a.metrics.items():
+            defs.setdefault(" ".join([series_id(a), a.grid.arm, a.grid.cell, name]), set()).add(m.definition)
     for a in runs:
         if a.status != "ok":
             continue
@@ -200,7 +230,9 @@ def pyperf_suite(runs: list, one_arm: bool) -> dict[str, Any]:
                 continue  # a unit pyperf cannot hold (MiB peaks, shares): left to csv/jsonl
             if not values or any(not (v > 0) for v in values + warm):
                 continue  # pyperf holds only values > 0
-            bname = _line(" ".join([a.grid.name, *([] if one_arm else [a.grid.arm]), a.grid.cell, name]) + what)
+            several = len(defs[" ".join([series_id(a), a.grid.arm, a.grid.cell, name])]) > 1
+            tag = [f"def-{hashlib.sha256(m.definition.encode()).hexdigest()[:8]}"] if several else []
+            bname = _line(" ".join([series_id(a), *([] if one_arm else [a.grid.arm]), a.grid.cell, name, *tag]) + what)
             b = benches.setdefault(bname, {"metadata": {"name": bname, "unit": unit,
                                                         "description": _line(m.definition)[:500] or "-"},
                                            "runs": []})
@@ -234,7 +266,10 @@ def render(fmt: str, runs: list, one_arm: bool = False) -> bytes:
     if fmt == "parquet":
         import pandas as pd
         buf = io.BytesIO()
-        pd.DataFrame(rows(runs), columns=list(COLUMNS)).to_parquet(buf, index=False)
+        df = pd.DataFrame(rows(runs), columns=list(COLUMNS))
+        for col in ("start", "end"):  # typed: timestamps, not strings
+            df[col] = pd.to_datetime(df[col], utc=True, format="ISO8601")
+        df.to_parquet(buf, index=False)
         return buf.getvalue()
     if fmt == "llama-bench-json":
         return (json.dumps(llama_bench_rows(runs), indent=2) + "\n").encode()

@@ -2,6 +2,7 @@
 llama-bench's SQL, llama.cpp's own compare-llama-bench.py for its JSON, pyperf for pyperf's), from the published
 store; refusals in one line."""
 
+import io
 import json
 import sqlite3
 import subprocess
@@ -179,3 +180,53 @@ def test_a_hostile_arm_name_reaches_every_export_intact(tmp_path, runs, cli):
     for h in (tmp_path / "html").glob("*.html"):
         text = h.read_text()
         assert "<!--<script>" not in text and text.count("<script") == text.count("</script>"), h.name
+
+
+def test_the_default_export_of_the_whole_store_loads_in_pyperf_one_definition_a_benchmark(tmp_path):
+    """The newest series of each grid on each host; pyperf holds a benchmark to one host and CPU, and no benchmark
+    mixes two definitions of its metric."""
+    pyperf = pytest.importorskip("pyperf", reason="the dev extra installs pyperf")
+    runs = export.select(None)
+    out = tmp_path / "all.json"
+    out.write_bytes(export.render("pyperf", runs))
+    suite = pyperf.BenchmarkSuite.load(str(out))  # refuses runs of two hosts or CPUs in one benchmark
+    by_id = {a.id: a for a in runs}
+    for b in suite.get_benchmarks():
+        ids = [r.get_metadata()["edge_harness_id"] for r in b.get_runs()]
+        metric = b.get_name().split(" (")[0].split(" ")
+        name = next(m for m in metric[::-1] if not m.startswith("def-"))
+        assert len({by_id[i].metrics[name].definition for i in ids}) == 1, b.get_name()
+        assert len({export.series_id(by_id[i]) for i in ids}) == 1, b.get_name()
+    # the default is the newest series; --all-series has more, told apart by the series column
+    everything = export.select(None, all_series=True)
+    assert len(everything) > len(runs)
+    rows = export.rows(everything)
+    assert {r["series"] for r in rows} > {export.series_id(a) for a in runs}
+
+
+def test_compare_llama_bench_compares_two_builds_by_the_ids_the_export_gives(tmp_path):
+    """llamacpp-builds measured the pinned build and a user's tree: their ids are one length, so llama.cpp's
+    compare-llama-bench.py finds each as the export gives it; cpu_info names the host."""
+    from harness.engines.llamacpp.llama_bench import bench_build_id
+    runs = export.select(None, ["llamacpp-builds"], engines=["llama.cpp"])
+    ids = sorted({bench_build_id(a) for a in runs})
+    assert len(ids) == 2 and {len(i) for i in ids} == {7}, ids
+    out = tmp_path / "lb.json"
+    out.write_bytes(export.render("llama-bench-json", runs))
+    rows = json.loads(out.read_text())
+    assert all(f"[host {r_host}" in r["cpu_info"] for r, r_host in
+               zip(rows, [a.host.key for a in runs if a.status == "ok" for _ in range(2)]))
+    script = llamacpp_build.source_dir() / "scripts" / "compare-llama-bench.py"
+    r = subprocess.run([sys.executable, str(script), "-i", str(out), "--tool", "llama-bench", "-b", ids[0],
+                        "-c", ids[1]], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert f"t/s {ids[0]}" in r.stdout and f"t/s {ids[1]}" in r.stdout and "Speedup" in r.stdout, r.stdout[-1500:]
+
+
+def test_csv_and_parquet_carry_the_load_and_typed_times(tmp_path):
+    runs = export.select(None, ["serving-crosscheck"])
+    df = pd.read_csv(io.BytesIO(export.render("csv", runs)))
+    assert df["load_requests"].notna().all() and df["sent_rate_req_s"].notna().any()
+    assert (df["series"] == [export.series_id(a) for a in runs for _ in (a.metrics or [None])]).all()
+    pq = pd.read_parquet(io.BytesIO(export.render("parquet", runs)))
+    assert str(pq["start"].dtype).startswith("datetime64") and str(pq["end"].dtype).startswith("datetime64")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import statistics
 from typing import Any, Literal
 
@@ -72,6 +73,28 @@ def llama_bench_test(fixed: dict[str, Any], n_prompt: int, n_gen: int, n_depth: 
             "avg_ts": statistics.fmean(tok_s), "stddev_ts": sd(tok_s), "samples_ns": ns, "samples_ts": list(tok_s)}
 
 
+def bench_build_id(a: Any) -> str:
+    """A build's id in llama-bench's rows: 7 characters for every kind of build, as given to compare-llama-bench.py
+    (it cuts every id to the shortest one's length): a llama.cpp commit's first 7 hex digits, a user's tree its
+    tree hash's (`tree-71e0f4140e`: 71e0f41), prebuilt binaries their llama-bench's sha256's."""
+    found = re.search(r"[0-9a-f]{7,}", a.engine.build_commit or "")
+    if found:
+        return found.group(0)[:7]
+    b = a.engine.build if isinstance(a.engine.build, dict) else {}
+    for k in ("binary_sha256", "tree_sha256", "build_key"):
+        if isinstance(b.get(k), str) and (hexes := re.search(r"[0-9a-f]{7,}", b[k])):
+            return hexes.group(0)[:7]
+    return hashlib.sha256(json.dumps(b, sort_keys=True, default=str).encode()).hexdigest()[:7]
+
+
+def bench_cpu_info(a: Any, reported: str | None) -> str:
+    """llama-bench's cpu_info, naming the host (its key) and the class it emulated: the script groups rows by it,
+    and one CPU model is several hosts (two machines, an emulated class of one)."""
+    cpu = reported or a.host.cpu.get("model") or "unknown"
+    emu = f", emulating {a.host.emulation}" if a.host.emulation else ""
+    return f"{cpu} [host {a.host.key}{emu}]"
+
+
 def llama_bench_rows(a: Any, pp: str, tg: str, model_type: str) -> list[dict[str, Any]]:
     """A run as llama-bench's two tests: prompt processing (n_prompt = prompt_len) from metric `pp` and token
     generation after a prompt_len context (n_gen = gen_len, n_depth = prompt_len) from `tg`, each metric's
@@ -79,8 +102,8 @@ def llama_bench_rows(a: Any, pp: str, tg: str, model_type: str) -> list[dict[str
     CPU_ONLY's)."""
     eff, w = a.execution.effective, a.workload
     gguf = next((f for f in a.model.files if f.path.endswith(".gguf")), a.model.files[0])
-    fixed = {**CPU_ONLY, "build_commit": a.engine.build_commit, "build_number": build_number(a),
-             "cpu_info": eff.get("cpu_info") or a.host.cpu.get("model") or "unknown", "backends": "CPU",
+    fixed = {**CPU_ONLY, "build_commit": bench_build_id(a), "build_number": build_number(a),
+             "cpu_info": bench_cpu_info(a, eff.get("cpu_info")), "backends": "CPU",
              "model_filename": gguf.path, "model_type": model_type, "model_size": eff.get("model_size") or gguf.size,
              "model_n_params": eff.get("model_n_params") or a.model.parameters,
              "n_batch": eff.get("n_batch"), "n_ubatch": eff.get("n_ubatch"), "n_threads": eff.get("n_threads"),
