@@ -27,7 +27,7 @@ from harness.workloads.serving.analysis import (LOAD_LATENCIES, TOOL_MEDIANS, Ca
                                                 ToolMedians, load_of, load_points, sweep_view, tool_medians)
 
 # what the report, the summary and the tests read here (series.py and serving.py hold them)
-__all__ = ["ALPHA", "LOAD_LATENCIES", "TOOL_MEDIANS", "_BUILD_IDS", "_MODEL_IDS", "_WEIGHT_SHAS", "AARow", "AcrossRow",
+__all__ = ["ALPHA", "ALPHA_ACROSS", "AcrossReach", "across_reach", "LOAD_LATENCIES", "TOOL_MEDIANS", "_BUILD_IDS", "_MODEL_IDS", "_WEIGHT_SHAS", "AARow", "AcrossRow",
            "BetweenRow", "CapacityRow", "CeilingRow", "Newest", "Row", "SeriesAnalysis", "SeriesFigure", "Speed",
            "SweepRate", "SweepView", "ToolMedians", "aa_calibration", "across_hosts", "all_series", "analyse",
            "between_series", "build_id", "by_host", "by_key", "ceiling_rows", "fidelity_gates", "fidelity_key", "forget",
@@ -164,6 +164,25 @@ def across_hosts(per: dict[tuple[str, str, str], dict[str, float]]) -> list[Acro
                              median=stats.quantile(sorted(vals), 0.5), above=above, below=below,
                              sign_p=stats.sign_test_p(above, below), spread=max(vals) / min(vals)))
     return out
+
+
+ALPHA_ACROSS = 0.05  # the level a sign test across hosts is read at
+
+
+@dataclass(frozen=True)
+class AcrossReach:
+    reachable: bool  # whether the sign test across these hosts can reach ALPHA_ACROSS at all
+    smallest_p: float  # its p with every host on one side: the strongest it gets
+    hosts_needed: int  # the fewest hosts with which it can
+
+
+def across_reach(n_hosts: int) -> AcrossReach:
+    """Whether a sign test across n hosts can ever give a verdict (a table that cannot is one line instead)."""
+    needed = 1
+    while stats.sign_test_p(needed, 0) > ALPHA_ACROSS:
+        needed += 1
+    smallest = stats.sign_test_p(n_hosts, 0)
+    return AcrossReach(reachable=smallest <= ALPHA_ACROSS, smallest_p=smallest, hosts_needed=needed)
 
 
 def _runs_by_pass(arts: list) -> tuple[dict[tuple, Any], dict[tuple, int], dict[tuple, int]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.errors import UserError
 from harness.report.jinja import _env
-from harness.report.sections import _fmt, _short_verdict
+from harness.report.sections import SPREAD_PREFIX, _fmt, _short_verdict
 
 
 # Generated blocks in the README and the docs: each between its own markers, rendered from the store by
@@ -103,10 +103,11 @@ def render_block(name: str, ctx: dict) -> str:
 
 def _brief(warnings: list[str]) -> list[str]:
     """A section's warnings for a generated block: the per-comparison spread warnings counted in one line."""
-    spread = [w for w in warnings if w.startswith("per-pass ratios spread widely")]
+    spread = [w for w in warnings if w.startswith(SPREAD_PREFIX)]
     out = [w for w in warnings if w not in spread]
+    n = sum(int(w[len(SPREAD_PREFIX):].split()[0]) for w in spread)
     if spread:
-        out.append(f"{len(spread)} comparison(s) with per-pass ratios spread widely (IQR above 0.10): see "
+        out.append(f"{n} comparison(s) with per-pass ratios spread widely (IQR above 0.10): see "
                    "reports/results.md")
     return out
 

@@ -17,6 +17,7 @@ from harness.engines import weight_files
 from harness.probe import describe
 
 
+SPREAD_PREFIX = "per-pass ratios spread widely in"  # the page's one warning of them (readme.py counts it)
 LOADED_CORES = 0.25  # CPU cores used by other processes during a run above which it is flagged
 
 
@@ -125,6 +126,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
         "arm_forms": {a.grid.arm: (a.engine.name, a.model.form) for a in ok},
         "family": _family_text(an), "shows": _shows(an, ok), "between": _between(all_arts), "definitions_note": _definitions_note(tables),
+        "answer": _answer(tables),
         "host": describe(first.host.model_dump()), "host_key": analysis.machine_key(first),
         "slug": f"{name}-{analysis.machine_key(first)}", "emulated_arms": _emulated_arms(arts),
         "synthetic": any(a.model.source.get("synthetic") for a in arts),
@@ -143,7 +145,14 @@ def _warnings(an: analysis.SeriesAnalysis, ok: list) -> list[str]:
     """What a series' page warns of, sorted: the analysis' own warnings, a pass count that can never give a verdict,
     verdicts withheld by fidelity gates, settings that did not take effect, runs under other load, overlapping
     effects of several arms."""
-    warnings = list(an.warnings)
+    spread = "per-pass ratios spread widely"
+    warnings = [w for w in an.warnings if not w.startswith(spread)]
+    wide = [(r, w) for r in an.rows if r.comparison for w in r.comparison.warnings if w.startswith(spread)]
+    if wide:  # said once, with the comparisons it applies to
+        iqrs = sorted(float(w.split("IQR ")[1].split(")")[0]) for _, w in wide)
+        rows = "; ".join(f"{r.metric} {r.arm}{' at ' + r.cell_short if r.cell_short else ''}" for r, _ in wide)
+        warnings.append(f"{SPREAD_PREFIX} {len(wide)} comparison(s) (IQR {iqrs[0]:.2f} to {iqrs[-1]:.2f}): {rows}; "
+                        "check host load, add passes")
     short = analysis.unreachable(an)
     if short is not None:
         n_min, level, needed = short
@@ -204,6 +213,22 @@ def _between(all_arts: list) -> list[dict]:
                         for f in b.series],
              "spread": f"{b.spread:.3f}", "flag": ", ".join(f"{x} do not overlap" for x in b.disjoint)}
             for b in analysis.between_series(all_arts)]
+
+
+def _answer(tables: list[dict]) -> dict:
+    """The section's declared comparisons (the family: those given verdicts), one row each, for the top of its
+    page: metric with the direction of "better", cell, arm, ratio [interval], verdict; and their verdicts counted."""
+    rows = [{"metric": t["metric"], "better": "higher" if r["hib"] else "lower", "cell": r["cell_short"] or "(its one cell)",
+             "arm": r["arm"], "ratio": r["ratio"], "verdict": _short_verdict(r["verdict"]),
+             "fidelity": r["fidelity"] if r["fidelity"] not in ("pass", "n/a") else ""}
+            for t in tables for r in t["rows"] if r["role"] == "family"]
+    counts: dict[str, int] = defaultdict(int)
+    for r in rows:
+        counts[r["verdict"]] += 1
+    order = ("better", "worse", "no difference detected", "undetermined")
+    words = [f"{counts[v]} {v}" for v in order if counts[v]] + [f"{n} {v}" for v, n in sorted(counts.items())
+                                                                 if v not in order]
+    return {"rows": rows, "counts": ", ".join(words)}
 
 
 def _shows(an: analysis.SeriesAnalysis, ok: list) -> str:
@@ -459,7 +484,9 @@ def across_hosts(sections: list[dict]) -> list[dict]:
                  "median": f"{r.median:.3f}", "sign": f"{r.above} above 1, {r.below} below; p = {r.sign_p:.3g}",
                  "spread": f"{r.spread:.3f}"} for r in analysis.across_hosts(per)] if len(hosts) > 1 else []
         if rows:
-            out.append({"grid": name, "sha": sha, "hosts": hosts, "rows": rows})
+            reach = analysis.across_reach(len(hosts))
+            out.append({"grid": name, "sha": sha, "hosts": hosts, "rows": rows, "reachable": reach.reachable,
+                        "smallest_p": f"{reach.smallest_p:.3g}", "hosts_needed": reach.hosts_needed})
     return out
 
 
