@@ -58,3 +58,17 @@ def test_report_on_a_missing_store_is_a_usage_error(cli, tmp_path):
     rc, _, err = cli("report", "--store", tmp_path / "nope", "--out", out)
     assert rc == 2 and "--store" in err and len(err.strip().splitlines()) == 1
     assert out.read_text() == "kept"
+
+
+def test_the_readme_opens_with_the_answer_per_host():
+    """Before any set-up or usage: one generated line per host of the summary, each naming the engine and form that
+    decode fastest, its ratio to the reference and the verdict."""
+    from harness.report.readme import block_markers
+    text = (PROJECT_ROOT / "README.md").read_text()
+    begin, end = block_markers("answer")
+    assert text.index(begin) < text.index("## Two commands")
+    lines = [ln for ln in text.split(begin)[1].split(end)[0].splitlines() if ln.startswith("- **ISA tier ")]
+    hosts = {ln.split("(host `")[1].split("`")[0] for ln in lines}
+    summary = text.split("## The summary")[1]
+    assert hosts and hosts == {h.split("`")[0] for h in summary.split("**Host `")[1:]}
+    assert all(" decodes fastest on " in ln and "tok/s" in ln for ln in lines)

@@ -130,4 +130,4 @@ def _render_all(store_dirs: list[str], c: Collected) -> tuple[Pages, list[dict],
     return pages, sections, ctx
 
 
-assert set(BLOCKS) == {"published", *views.BLOCKS}  # published: the README's summary, of every grid
+assert set(BLOCKS) == {"published", "answer", *views.BLOCKS}  # the README's summary and answer: of every grid

@@ -115,7 +115,36 @@ def summary_view(rows: list[summary.Row], hosts: list[dict], page: dict[str, str
         g["rows"].append({"model": r.model, "engine": r.engine, "synthetic": r.synthetic,
                           "fidelity": ", ".join(sorted({f"{b.form} {b.fidelity}" for b in r.best.values()})),
                           "entries": [entries[m] for m in summary.METRICS]})
+    for key, g in out.items():
+        g["answer"] = _answer_line(g, [r for r in rows if r.host == key], page)
     return list(out.values())
+
+
+def _answer_line(host: dict, rows: list[summary.Row], page: dict[str, str]) -> str:
+    """One host's answer in a line: on its real-weights model measured by the most engines, the engine and form
+    that decode fastest (the best point ratio to the reference, a failed fidelity aside), with its interval and
+    verdict; empty where no engine was set against the reference."""
+    real = [r for r in rows if not r.synthetic and "decode_tok_s" in r.best]
+    if not real:
+        return ""
+    counts: dict[str, int] = {}
+    for r in real:
+        counts[r.model] = counts.get(r.model, 0) + 1
+    model = max(sorted(counts), key=lambda m: counts[m])
+    best = [(r.engine, r.best["decode_tok_s"]) for r in real if r.model == model]
+    sound = [(e, b) for e, b in best if not b.verdict.startswith("fidelity")] or best
+    engine, b = max(sound, key=lambda eb: (eb[1].comparison.ratio if eb[1].comparison else 1.0, eb[0]))
+    ref = " or ".join(f"{e} on `{f}`" for e, f in sorted(summary.reference_forms().items()))
+    c = b.comparison
+    if c is None:
+        vs = f"the reference ({ref}): no engine decodes faster"
+    elif c.has_interval:
+        vs = f"{c.ratio:.2f}x [{c.ci_low:.2f}, {c.ci_high:.2f}] {ref}: {_short_verdict(b.verdict)}"
+    else:
+        vs = f"{c.ratio:.2f}x {ref}: {_short_verdict(b.verdict)} (no interval)"
+    return (f"**ISA tier {host['isa_tier']}** (host `{host['host_key']}`, {host['cpu']}, {host['cores']} cores): "
+            f"`{model}` decodes fastest on {engine} `{b.form}`, {_fmt(b.median)} tok/s, {vs} ({len(best)} engines "
+            f"measured{f'; [{b.grid}](reports/{page[b.grid]})' if page.get(b.grid) else ''})")
 
 
 def verdict_lines(sections: list[dict], grid: str) -> list[str]:

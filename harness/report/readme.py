@@ -17,6 +17,7 @@ from harness.report.sections import SPREAD_PREFIX, _fmt, _short_verdict
 # shows are those whose files name it (`report: {blocks: [...]}`, views.py), in the order of their names.
 BLOCKS: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "published": ("readme.md.j2", None),
+    "answer": ("answer.md.j2", None),
     "runtime": ("evidence.md.j2", ("startup_s", "decode_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mib")),
     "definitions": ("definitions.md.j2", ()),
     "hardware": ("hardware.md.j2", ("decode_tok_s", "prefill_tok_s", "ttft_s", "startup_s", "peak_rss_mib")),
