@@ -61,17 +61,21 @@ def _title(sec: dict, what: str) -> str:
 
 def ratio_figure(sec: dict) -> dict:
     """The ratio chart: each comparison's paired ratio to the baseline with its interval (plots.ratio_chart)."""
-    labels, ratios, lo, hi = [], [], [], []
+    from harness.plots import ratio_label, verdict_color
+    labels, ratios, lo, hi, colors = [], [], [], [], []
     for t in sec["tables"]:
         for r in t["rows"]:
             if "ci" in r:
-                labels.append(f"{t['metric']} | {r['arm']}" + (f" | {r['cell_short']}" if r["cell_short"] else ""))
+                labels.append(ratio_label(t["metric"], r, " | "))
                 ratios.append(r["ratio_value"])
                 lo.append(r["ratio_value"] - r["ci"][0])
                 hi.append(r["ci"][1] - r["ratio_value"])
+                colors.append(verdict_color(r["verdict"]).replace("tab:", ""))
     return {"data": [{"type": "scatter", "mode": "markers", "x": ratios, "y": labels, "name": "ratio",
+                      "marker": {"color": colors},
                       "error_x": {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo}}],
             "layout": {"title": {"text": _title(sec, "ratio to the baseline, interval at the family's level")},
+                       "height": 120 + 24 * len(labels),  # every label drawn: a row of its own
                        "xaxis": {"title": {"text": f"ratio to '{sec['baseline']}'"}},
                        "yaxis": {"autorange": "reversed", "automargin": True},
                        "shapes": [{"type": "line", "x0": 1, "x1": 1, "yref": "paper", "y0": 0, "y1": 1,

@@ -26,22 +26,38 @@ def save(fig, out_dir: Path, name: str) -> str:
     return name
 
 
+# a comparison's colour by its verdict (the report's words: better, worse, no difference detected, the rest)
+VERDICT_COLORS = {"better": "tab:green", "worse": "tab:red", "no difference detected": "tab:grey"}
+
+
+def verdict_color(verdict: str) -> str:
+    """Its verdict's colour: undetermined and a failed fidelity gate are orange."""
+    return VERDICT_COLORS.get(verdict.split(":")[0].split(" (")[0], "tab:orange")
+
+
+def ratio_label(metric: str, row: dict, sep: str) -> str:
+    """A comparison's label: the metric with the direction of better (higher or lower), the arm, the cell."""
+    where = f" | {row['cell_short']}" if row["cell_short"] else ""
+    return f"{metric} ({'higher' if row['hib'] else 'lower'} is better){sep}{row['arm']}{where}"
+
+
 def ratio_chart(section: dict, out_dir: Path) -> str:
-    """Per metric and non-baseline arm: the median per-pass ratio to the baseline with its 95% CI."""
+    """Per metric and non-baseline arm: the paired ratio to the baseline with its interval (a forest plot),
+    coloured by verdict, each label saying which way is better; the figure as tall as its rows need."""
     items = []
     for t in section["tables"]:
         for r in t["rows"]:
             if "ci" in r:
-                where = f" | {r['cell_short']}" if r["cell_short"] else ""
-                items.append((f"{t['metric']}\n{r['arm']}{where}", r["ratio_value"], r["ci"]))
+                items.append((ratio_label(t["metric"], r, "\n"), r["ratio_value"], r["ci"], verdict_color(r["verdict"])))
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(items) + 1.2))
     ys = list(range(len(items)))
-    for y, (_, med, (lo, hi)) in zip(ys, items):
-        ax.errorbar([med], [y], xerr=[[med - lo], [hi - med]], fmt="o", color="tab:blue", capsize=4)
+    for y, (_, med, (lo, hi), color) in zip(ys, items):
+        ax.errorbar([med], [y], xerr=[[med - lo], [hi - med]], fmt="o", color=color, capsize=4)
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
-    ax.set_yticks(ys, [label for label, _, _ in items], fontsize=7)
+    ax.set_yticks(ys, [label for label, *_ in items], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel(f"ratio to baseline arm '{section['baseline']}' (median of per-pass ratios, 95% bootstrap CI)")
+    ax.set_xlabel(f"ratio to baseline arm '{section['baseline']}' (paired, interval at the family's level)\n"
+                  "green better, red worse, grey no difference, orange undetermined or fidelity failed", fontsize=7)
     ax.set_title(f"{section['name']} (host {section['host_key']})", fontsize=9)
     return save(fig, out_dir, f"{section['slug']}-ratios.png")
 
