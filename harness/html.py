@@ -27,6 +27,7 @@ color:#1f2328;line-height:1.45}
 table{border-collapse:collapse;margin:1em 0;font-size:13px;display:block;overflow-x:auto}
 th,td{border:1px solid #d0d7de;padding:3px 7px;vertical-align:top}
 th{background:#f6f8fa;cursor:pointer;user-select:none;position:sticky;top:0}
+details>summary{cursor:pointer}details>summary>h2{display:inline}nav.contents{font-size:14px}
 th[data-dir=asc]::after{content:" \\25B2"}th[data-dir=desc]::after{content:" \\25BC"}
 tr:nth-child(even) td{background:#fbfbfc}code{background:#f2f4f6;padding:0 3px;border-radius:3px;font-size:90%}
 .plot{width:100%;max-width:1000px;height:440px;margin:1em 0}
@@ -51,7 +52,9 @@ plots.forEach(function(d){var f=JSON.parse(document.getElementById(d.id+'-data')
 Plotly.newPlot(d,f.data,f.layout,{responsive:true,displaylogo:false}).then(function(){
 if(f.data.some(function(t){return (t.x||[]).length>0||(t.y||[]).length>0;}))drawn++;
 document.body.dataset.plots=drawn;});});
-document.body.dataset.plots=drawn;document.body.dataset.plotsExpected=plots.length;});
+document.body.dataset.plots=drawn;document.body.dataset.plotsExpected=plots.length;
+document.querySelectorAll('details').forEach(function(d){d.addEventListener('toggle',function(){
+if(d.open)d.querySelectorAll('div.plot').forEach(function(p){Plotly.Plots.resize(p);});});});});
 """
 
 
@@ -187,6 +190,25 @@ _IMG = re.compile(r'<img src="([^"]+\.png)" alt="[^"]*"\s*/?>')
 _LINK = re.compile(r'href="([A-Za-z0-9][A-Za-z0-9_-]*)\.md"')
 
 
+_H2 = re.compile(r"<h2>(.*?)</h2>", re.S)
+OPEN = ("The answer",)  # the sections shown open: the answer first; the rest folded, listed in the contents
+
+
+def _fold(body: str) -> str:
+    """Each h2 section a <details> (folded, but the answer) and a table of contents of them at the top."""
+    starts = [m.start() for m in _H2.finditer(body)]
+    if len(starts) < 2:
+        return body
+    parts, toc = [body[:starts[0]]], []
+    for i, (a, b) in enumerate(zip(starts, starts[1:] + [len(body)])):
+        m = _H2.match(body, a)
+        title, rest, anchor = m.group(1), body[m.end():b], f"section-{i + 1}"
+        toc.append(f'<li><a href="#{anchor}">{title}</a></li>')
+        opened = " open" if html.unescape(re.sub(r"<[^>]+>", "", title)) in OPEN else ""
+        parts.append(f'<details id="{anchor}"{opened}><summary><h2>{title}</h2></summary>{rest}</details>\n')
+    return parts[0] + f'<nav class="contents"><ul>{"".join(toc)}</ul></nav>\n' + "".join(parts[1:])
+
+
 def page_html(title: str, markdown: str, figs: dict[str, dict]) -> str:
     """One page: its markdown as HTML, links to pages beside it made .html, each plot an interactive chart."""
     from markdown_it import MarkdownIt
@@ -205,7 +227,7 @@ def page_html(title: str, markdown: str, figs: dict[str, dict]) -> str:
         data = script_json(_finite(fig))
         return (f'<div class="plot" id="plot-{n}"></div>'
                 f'<script type="application/json" id="plot-{n}-data">{data}</script>')
-    body = _IMG.sub(plot, body)
+    body = _fold(_IMG.sub(plot, body))
     head = f'<script src="{ASSET}"></script>' if n else ""
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f'<style>{STYLE}</style>{head}<script>{SCRIPT}</script>'

@@ -39,6 +39,15 @@ def test_every_page_is_there_linked_and_self_contained(rendered):
     assert "<table>" in index and "harness report: a grid's page" not in (rendered / f"{GRIDS[0]}.html").read_text()
 
 
+def test_a_grid_page_opens_with_the_answer_and_folds_the_rest(rendered):
+    page = (rendered / f"{GRIDS[0]}.html").read_text()
+    assert '<nav class="contents">' in page
+    folds = re.findall(r'<details id="section-\d+"( open)?><summary><h2>(.*?)</h2>', page)
+    assert folds[0] == (" open", "The answer") and len(folds) > 1
+    assert all(not opened for opened, _ in folds[1:])  # per-host tables, warnings and method: folded
+    assert page.index("The answer") < page.index('class="plot"')
+
+
 def _chromium() -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
