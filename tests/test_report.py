@@ -171,3 +171,21 @@ def test_golden_analysis_rows(monkeypatch):
     import json
     monkeypatch.chdir(GOLDEN)
     assert _analysis_rows() == json.loads((GOLDEN / "analysis.json").read_text())
+
+
+def test_the_answer_says_what_moved_against_the_previous_series():
+    from harness.analysis import BetweenRow, SeriesFigure
+    from harness.report.sections import _changed
+
+    def fig(label, med, lo, hi, sha):
+        return SeriesFigure(label=label, median=med, median_ci=(lo, hi), ratio=None, ratio_ci=None, sha=sha)
+    moved = BetweenRow(cell="batch=1,threads=2", arm="a", metric="decode_tok_s", spread=1.2, disjoint=["medians"],
+                       series=[fig("old", 10.0, 9.5, 10.5, "o"), fig("new", 12.0, 11.5, 12.5, "n")])
+    held = BetweenRow(cell="batch=1,threads=2", arm="b", metric="decode_tok_s", spread=1.0, disjoint=[],
+                      series=[fig("old", 10.0, 9.0, 11.0, "o"), fig("new", 10.5, 9.5, 11.5, "n")])
+    gone = BetweenRow(cell="batch=1,threads=4", arm="b", metric="decode_tok_s", spread=1.0, disjoint=[],
+                      series=[fig("older", 10.0, 9.0, 11.0, "x"), fig("old", 20.0, 19.0, 21.0, "o")])
+    line = _changed([moved, held, gone], "n")
+    assert line == ("against the previous series (old): 1 of 2 decode and prefill medians moved beyond both 95% "
+                    "intervals: decode_tok_s a at threads=2: 10.00 to 12.00")
+    assert "no decode or prefill median moved" in _changed([held], "n") and _changed([gone], "n") == ""

@@ -285,6 +285,7 @@ class SeriesFigure:
     median_ci: tuple[float, float] | None  # exact order-statistic 95% interval; None: n too small
     ratio: float | None
     ratio_ci: tuple[float, float] | None  # 95% signed-rank interval of the paired ratio
+    sha: str = ""  # the series' grid sha256
 
 
 @dataclass
@@ -309,12 +310,12 @@ def between_series(host_arts: list, metrics: tuple[str, ...] = ("decode_tok_s", 
         an = analyse(s, power=False)
         n_pass = len({a.grid.pass_index for a in s})
         label = f"{min(a.timing.start for a in s)[:10]} (`{s[0].grid.sha256[:12]}`), {n_pass} passes"
-        per.append((label, {(r.cell, r.arm, r.metric): r for r in an.rows}))
-    keys = sorted({k for _, rows in per for k in rows if k[2] in metrics})
+        per.append((label, s[0].grid.sha256, {(r.cell, r.arm, r.metric): r for r in an.rows}))
+    keys = sorted({k for _, _, rows in per for k in rows if k[2] in metrics})
     out = []
     for key in keys:
         figs = []
-        for label, rows in per:
+        for label, sha, rows in per:
             r = rows.get(key)
             if r is None:
                 continue
@@ -325,7 +326,7 @@ def between_series(host_arts: list, metrics: tuple[str, ...] = ("decode_tok_s", 
                 ratio, ratio_ci = c.ratio, ((c.ci_low, c.ci_high) if c.has_interval else None)
             figs.append(SeriesFigure(label=label, median=r.summary.median,
                                      median_ci=stats.order_statistic_ci(np.asarray(r.values)), ratio=ratio,
-                                     ratio_ci=ratio_ci))
+                                     ratio_ci=ratio_ci, sha=sha))
         if len(figs) < 2:
             continue
         meds = [f.median for f in figs]

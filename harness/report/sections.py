@@ -102,6 +102,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
     older_series = len({a.grid.sha256 for a in older})
     ok = [a for a in arts if a.status == "ok"]
     an = analysis.analyse(arts, gates)
+    between = analysis.between_series(all_arts)
     tables = []
     for metric in an.metrics:
         rows = [_row_dict(r) for r in an.rows if r.metric == metric]
@@ -125,8 +126,8 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
         "older_status": _status_counts(older) if older else "", "fingerprint": fingerprint,
         "warnings": warnings, "engines": engines, "calibration": calibration, "model_files": model_files,
         "arm_forms": {a.grid.arm: (a.engine.name, a.model.form) for a in ok},
-        "family": _family_text(an), "shows": _shows(an, ok), "between": _between(all_arts), "definitions_note": _definitions_note(tables),
-        "answer": _answer(tables),
+        "family": _family_text(an), "shows": _shows(an, ok), "between": _between(between), "definitions_note": _definitions_note(tables),
+        "answer": {**_answer(tables), "changed": _changed(between, first.grid.sha256)},
         "host": describe(first.host.model_dump()), "host_key": analysis.machine_key(first),
         "slug": f"{name}-{analysis.machine_key(first)}", "emulated_arms": _emulated_arms(arts),
         "synthetic": any(a.model.source.get("synthetic") for a in arts),
@@ -202,7 +203,30 @@ def _warnings(an: analysis.SeriesAnalysis, ok: list) -> list[str]:
     return sorted(set(warnings))
 
 
-def _between(all_arts: list) -> list[dict]:
+def _changed(between: list, newest_sha: str) -> str:
+    """What changed against the previous series of the grid on this host, in one line: the figures whose 95%
+    intervals of the median, in the newest series and the one before, do not overlap (analysis.between_series);
+    empty where this host measured one series."""
+    moved, label, n = [], "", 0
+    for b in between:
+        prev, new = b.series[-2], b.series[-1]
+        if new.sha != newest_sha:
+            continue  # the newest series did not measure it
+        n += 1
+        label = prev.label
+        if prev.median_ci and new.median_ci and (prev.median_ci[1] < new.median_ci[0] or new.median_ci[1] < prev.median_ci[0]):
+            where = b.cell.replace("batch=1,", "")
+            moved.append(f"{b.metric} {b.arm} at {where}: {_fmt(prev.median)} to {_fmt(new.median)}")
+    if not n:
+        return ""
+    if not moved:
+        return (f"against the previous series ({label}): no decode or prefill median moved beyond both its 95% "
+                f"intervals ({n} compared)")
+    return (f"against the previous series ({label}): {len(moved)} of {n} decode and prefill medians moved "
+            f"beyond both 95% intervals: {'; '.join(moved)}")
+
+
+def _between(rows: list) -> list[dict]:
     """The between-series spread of a grid's figures on one host (analysis.between_series), worded."""
     return [{"cell": b.cell.replace("batch=1,", ""), "arm": b.arm, "metric": b.metric,
              "series": [{"label": f.label, "median": _fmt(f.median),
@@ -212,7 +236,7 @@ def _between(all_arts: list) -> list[dict]:
                              f" [{f.ratio_ci[0]:.3f}, {f.ratio_ci[1]:.3f}]" if f.ratio_ci else " (no interval)")}
                         for f in b.series],
              "spread": f"{b.spread:.3f}", "flag": ", ".join(f"{x} do not overlap" for x in b.disjoint)}
-            for b in analysis.between_series(all_arts)]
+            for b in rows]
 
 
 def _answer(tables: list[dict]) -> dict:
