@@ -182,7 +182,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise UserError(args.verdict, "--verdict: no series of this grid in the store",
                             f"run it first (harness run grids/{args.verdict}.yaml), or name a grid `harness hosts` lists")
         print("\n".join(lines))
-        return 0
+        return _gate(args, report.worse_rows(sections, args.verdict, args.min_effect) if args.fail_on else [],
+                     lambda r: f"host {r['host']}: {r['arm']} {r['metric']} at {r['cell']}: {r['ratio']}")
+    if args.fail_on:
+        raise UserError("--fail-on", "gates the verdicts of one grid", "add --verdict GRID")
     if args.html:
         from harness import html
         written = html.write(args.html, pages, sections)
@@ -214,6 +217,23 @@ def cmd_report(args: argparse.Namespace) -> int:
         write_file(Path(path), t.encode(), f"harness report --readme {path}")
         print(f"wrote the generated block(s) of {path}")
     return 0
+
+
+def _gate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fail-on", choices=["worse"], default=None, help="exit 1 when a comparison's verdict is worse "
+                   "(a CI gate; docs/harness.md)")
+    p.add_argument("--min-effect", type=_share, default=0.0, metavar="SHARE", help="with --fail-on: only when worse "
+                   "by at least this share with the interval's confidence (e.g. 0.03: 3%%)")
+
+
+def _share(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number (a share: 0.03 is 3%)") from None
+    if not 0 <= x < 1:
+        raise argparse.ArgumentTypeError(f"{v} is not a share in [0, 1)")
+    return x
 
 
 def cmd_hosts(args: argparse.Namespace) -> int:
@@ -271,7 +291,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
              for spec, stores in ((args.a, args.store_a), (args.b, args.store_b))]
     rows = compare.compare(*sides, metrics=args.metric)
     print(compare.to_json(*sides, rows) if args.json else compare.markdown(*sides, rows), end="")
-    return 0
+    return _gate(args, compare.gate(rows, args.min_effect) if args.fail_on else [],
+                 lambda r: f"{r['metric']} {r['arm'] or ''} at {r['cell']}: B/A {r['ratio']:.3f} "
+                           f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
+
+
+def _gate(args: argparse.Namespace, failing: list, say) -> int:
+    """`--fail-on worse`: exit 1, naming each, when a comparison is worse by at least --min-effect; else 0."""
+    for r in failing:
+        print(f"fail-on worse: {say(r)}", file=sys.stderr)
+    if failing:
+        print(f"{len(failing)} comparison(s) worse by at least {args.min_effect:.1%} (--fail-on worse): exit 1",
+              file=sys.stderr)
+    return 1 if failing else 0
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -425,6 +457,7 @@ def _store_verbs(sub: Any) -> None:
     scm.add_argument("--store-a", action="append", default=None, help="A's store(s), instead of --store")
     scm.add_argument("--store-b", action="append", default=None, help="B's store(s), instead of --store")
     scm.add_argument("--metric", action="append", default=None, help="only this metric (repeatable)")
+    _gate_arguments(scm)
     scm.add_argument("--json", action="store_true")
     scm.set_defaults(func=cmd_compare)
 
@@ -443,6 +476,7 @@ def _report_verbs(sub: Any) -> None:
                          "between their markers) from the store; repeatable")
     sr.add_argument("--html", metavar="DIR", help="write the same pages as static HTML into DIR (interactive plots, "
                     "sortable tables; no network at view time) and nothing else")
+    _gate_arguments(sr)
     sr.add_argument("--verdict", metavar="GRID", help="print the verdicts of GRID's newest series on each host "
                     "(its comparisons given verdicts, fidelity gates included) and write nothing")
 

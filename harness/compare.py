@@ -122,7 +122,8 @@ def compare(a: Side, b: Side, metrics: list[str] | None = None) -> list[dict[str
     for key in keys:
         cell, arm, metric = key
         xa, xb = va[key], vb[key]
-        row: dict[str, Any] = {"cell": cell, "arm": arm, "metric": metric, "a_runs": len(xa), "b_runs": len(xb),
+        row: dict[str, Any] = {"cell": cell, "arm": arm, "metric": metric, "higher_is_better": higher[metric],
+                               "a_runs": len(xa), "b_runs": len(xb),
                                "a_median": stats.summarize(list(xa.values())).median,
                                "b_median": stats.summarize(list(xb.values())).median}
         if paired:
@@ -138,6 +139,22 @@ def compare(a: Side, b: Side, metrics: list[str] | None = None) -> list[dict[str
                     "warnings": list(u.warnings)}
         rows.append(row)
     return rows
+
+
+def gate(rows: list[dict[str, Any]], min_effect: float = 0.0) -> list[dict[str, Any]]:
+    """The rows a CI gate fails on (`--fail-on worse`): a verdict of worse whose whole interval lies beyond
+    `min_effect` on the worse side (higher is better: its upper bound below 1 - min_effect; lower is better: its
+    lower bound above 1 + min_effect). With min_effect 0 this is exactly a verdict of worse."""
+    return [r for r in rows if worse_by(r["verdict"], r.get("ci_low"), r.get("ci_high"), r.get("higher_is_better"),
+                                        min_effect)]
+
+
+def worse_by(verdict: str, ci_low: float | None, ci_high: float | None, higher_is_better: bool | None,
+             min_effect: float) -> bool:
+    """A verdict of worse by at least min_effect with the interval's confidence (the gate's one rule)."""
+    if not verdict.startswith("worse") or ci_low is None or ci_high is None or higher_is_better is None:
+        return False
+    return ci_high < 1 - min_effect if higher_is_better else ci_low > 1 + min_effect
 
 
 def _f(x: float | None) -> str:

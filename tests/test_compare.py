@@ -150,3 +150,25 @@ def test_two_versions_of_one_grid_by_sha(cli, tmp_path):
 def _runs(store):
     from harness import report
     return report.collect([str(store)]).runs
+
+
+def test_fail_on_worse_gates_a_verdict_of_worse_and_nothing_else(cli):
+    """The CI gate: exit 1 when a compared or declared comparison is worse (by at least --min-effect with its
+    interval's confidence), 0 otherwise; the published quickstart's vLLM decodes worse than llama.cpp."""
+    a, b = "quickstart@3891360811dc/llama.cpp", "quickstart@3891360811dc/vllm"
+    rc, out, err = cli("compare", a, b, "--metric", "decode_tok_s", "--fail-on", "worse")
+    assert rc == 1 and "| worse |" in out and "fail-on worse: decode_tok_s" in err
+    rc, out, _ = cli("compare", b, a, "--metric", "decode_tok_s", "--fail-on", "worse")
+    assert rc == 0 and "| better |" in out  # the same pair the other way round
+    rc, _, _ = cli("compare", a, b, "--metric", "decode_tok_s")
+    assert rc == 0  # without the gate a finding is printed, not an exit status
+    # a minimum effect: worse by at least 30% holds (upper bound 0.535), by at least 50% is not shown
+    assert cli("compare", a, b, "--metric", "decode_tok_s", "--fail-on", "worse", "--min-effect", "0.3")[0] == 1
+    assert cli("compare", a, b, "--metric", "decode_tok_s", "--fail-on", "worse", "--min-effect", "0.5")[0] == 0
+    # the report's verdicts of a grid's newest series, every host
+    rc, _, err = cli("report", "--verdict", "quickstart", "--fail-on", "worse")
+    assert rc == 1 and "host 3891360811dc: vllm decode_tok_s" in err
+    rc, _, err = cli("report", "--verdict", "quickstart", "--fail-on", "worse", "--min-effect", "0.9")
+    assert rc == 0
+    rc, _, err = cli("report", "--fail-on", "worse")
+    assert rc == 2 and "add --verdict GRID" in err

@@ -27,7 +27,7 @@ from harness.report.inputs import Collected, _cached_inputs, _listing, collect, 
 from harness.report.jinja import TEMPLATES, _env
 from harness.report.memo import _Output
 from harness.report.pages import (INDEX, PAGE_MARK, Pages, check_pages, grid_pages, orphan_pages, page_name,
-                                  summary_intro, summary_view, verdict_lines, write_pages)
+                                  summary_intro, summary_view, verdict_lines, worse_rows, write_pages)
 from harness.report.readme import BLOCKS, block_markers, readme_text, render_block
 from harness.report.sections import (_context, _scale, _steps, across_hosts, ceiling_section, fidelity_section,
                                      grid_section, plot_names, targets_block)
@@ -36,7 +36,7 @@ from harness.store import gc_paused
 # what the CLI, the HTML site and the tests reach here (the submodules hold them)
 __all__ = ["BLOCKS", "INDEX", "PAGE_MARK", "PLOT_HASHES", "TEMPLATES", "Pages", "block_markers", "build", "build_all",
            "check_file", "check_pages", "collect", "format_hosts", "hosts", "hosts_rows", "inputs", "orphan_pages",
-           "page_name", "plot_names", "readme_text", "render", "render_block", "targets_block", "verdict_lines",
+           "page_name", "plot_names", "readme_text", "render", "render_block", "targets_block", "verdict_lines", "worse_rows",
            "write_pages", "write_plots"]
 
 

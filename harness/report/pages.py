@@ -147,6 +147,16 @@ def _answer_line(host: dict, rows: list[summary.Row], page: dict[str, str]) -> s
             f"measured{f'; [{b.grid}](reports/{page[b.grid]})' if page.get(b.grid) else ''})")
 
 
+def worse_rows(sections: list[dict], grid: str, min_effect: float = 0.0) -> list[dict]:
+    """The comparisons given verdicts in each host's newest series of `grid` that are worse by at least min_effect
+    (compare.worse_by: the gate of `harness report --verdict GRID --fail-on worse`)."""
+    from harness.compare import worse_by
+    return [{"host": s["host_key"], "arm": r["arm"], "metric": t["metric"], "cell": r["cell_short"] or r["cell"],
+             "ratio": r["ratio"]}
+            for s in sections if s["name"] == grid for t in s["tables"] for r in t["rows"]
+            if r["role"] == "family" and "ci" in r and worse_by(r["verdict"], r["ci"][0], r["ci"][1], r["hib"], min_effect)]
+
+
 def verdict_lines(sections: list[dict], grid: str) -> list[str]:
     """One line per comparison given a verdict in each host's newest series of `grid` (the page's own words)."""
     out = []
