@@ -154,7 +154,25 @@ def load_figure(sec: dict) -> dict:
                                      "yaxis": {"title": {"text": "s"}}}}
 
 
-FIGURES = {"-ratios.png": ratio_figure, "-threads.png": threads_figure, "-scale.png": scale_figure,
+def history_figure(sec: dict) -> dict:
+    """A history (plots.history_chart): each metric and cell a line of its versions' medians relative to its first
+    version, with their 95% intervals; the steps found named in the hover text."""
+    data = []
+    for t in sec["history"]["tables"]:
+        first = t["rows"][0]["median_value"]
+        ys = [r["median_value"] / first for r in t["rows"]]
+        lo = [(r["median_value"] - (r["ci_values"] or [r["median_value"]])[0]) / first for r in t["rows"]]
+        hi = [((r["ci_values"] or [0, r["median_value"]])[1] - r["median_value"]) / first for r in t["rows"]]
+        data.append({"type": "scatter", "mode": "lines+markers", "name": f"{t['metric']} {t['cell']}".strip(),
+                     "x": [r["version"] for r in t["rows"]], "y": ys,
+                     "text": [f"step x{r['step_value']:.3f}: {r['verdict']}" if r["found"] else r["verdict"]
+                              for r in t["rows"]],
+                     "error_y": {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo}})
+    return {"data": data, "layout": {"title": {"text": _title(sec, "history, relative to its first version")},
+                                     "yaxis": {"title": {"text": "median / first version's"}}}}
+
+
+FIGURES = {"-ratios.png": ratio_figure, "-history.png": history_figure, "-threads.png": threads_figure, "-scale.png": scale_figure,
            "-steps.png": steps_figure, "-context.png": context_figure, "-load.png": load_figure}
 
 

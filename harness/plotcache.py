@@ -54,6 +54,9 @@ def _plot_data_hash(sec: dict, name: str) -> str:
                                      for r in sec["steps"]["rows"]]} if sec.get("steps") else {}),
                        **({"context": [(r["arm"], r["size"], r["prompt_len"], r["decode_value"])
                                        for r in sec["context"]["rows"]]} if sec.get("context") else {}),
+                       **({"history": [(t["metric"], t["cell"], [(r["version"], r["median_value"], r["ci_values"],
+                                                               r["found"], r["verdict"]) for r in t["rows"]])
+                                       for t in sec["history"]["tables"]]} if sec.get("history") else {}),
                        "plots_code": _plots_code_hash()}), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -92,7 +95,8 @@ def write_plots(sections: list[dict], out_dir: Path) -> tuple[list[Path], list[P
             from harness import plots
             from harness import context, scale, steps
             draw = {"-ratios.png": plots.ratio_chart, "-threads.png": plots.thread_sweep, "-scale.png": scale.plot,
-                    "-steps.png": steps.plot, "-context.png": context.plot, "-load.png": plots.load_curve}
+                    "-steps.png": steps.plot, "-context.png": context.plot, "-load.png": plots.load_curve,
+                    "-history.png": plots.history_chart}
             fn = next(f for suffix, f in draw.items() if name.endswith(suffix))
             if path.is_symlink():  # never draw through a link planted beside the report
                 path.unlink()

@@ -101,3 +101,26 @@ def load_curve(section: dict, out_dir: Path) -> str:
     fig.suptitle(f"{section['name']} (host {section['host_key']}): latency against throughput, points labelled "
                  f"by {kind}", fontsize=9)
     return save(fig, out_dir, f"{section['slug']}-load.png")
+
+
+def history_chart(section: dict, out_dir: Path) -> str:
+    """A history: per metric and cell a panel, each version's median with its 95% interval, oldest first; a step
+    found between two versions shaded (green better, red worse) and labelled with its ratio."""
+    tables = section["history"]["tables"][:12]
+    fig, axes = plt.subplots(len(tables), 1, figsize=(7, 2.2 * len(tables) + 0.6), squeeze=False)
+    for ax, t in zip(axes[:, 0], tables):
+        xs = list(range(len(t["rows"])))
+        for x, r in zip(xs, t["rows"]):
+            lo, hi = r["ci_values"] or (r["median_value"], r["median_value"])
+            ax.errorbar([x], [r["median_value"]], yerr=[[r["median_value"] - lo], [hi - r["median_value"]]], fmt="o",
+                        color="tab:blue", capsize=3)
+            if r["found"]:
+                color = verdict_color(r["verdict"])
+                ax.axvspan(x - 1, x, color=color, alpha=0.15)
+                ax.annotate(f"x{r['step_value']:.3f}", (x - 0.5, r["median_value"]), fontsize=7, ha="center", color=color)
+        ax.plot(xs, [r["median_value"] for r in t["rows"]], color="tab:blue", linewidth=0.8)
+        ax.set_xticks(xs, [r["version"] for r in t["rows"]], fontsize=7, rotation=20)
+        ax.set_ylabel(f"{t['unit']} ({t['better']} is better)", fontsize=7)
+        ax.set_title(f"{t['metric']}{' at ' + t['cell'] if t['cell'] else ''}", fontsize=8)
+    fig.suptitle(f"{section['name']} (host {section['host_key']}): history, steps found shaded", fontsize=9)
+    return save(fig, out_dir, f"{section['slug']}-history.png")

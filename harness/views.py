@@ -7,6 +7,7 @@ name in the report's code):
       blocks: [runtime]               # the docs' generated blocks that show the series
       targets:                        # an issue's target, checked from the store by an interval
         - {issue: "#17", metric: decode_tok_s, against: llama.cpp-f32, at_least: 0.6, arms: [vllm-fp32]}
+      history: [v0_3_20, v0_3_28, v0_3_36]  # arms that are versions, oldest first: a history (its steps found)
 
 `harness plan` and `harness run` refuse a malformed field (parse). The report reads the field from the grid
 file its series names (of_series), now: a presentation choice, not part of what was measured. A file that is
@@ -24,7 +25,7 @@ from harness.errors import UserError
 
 VIEWS = ("scale", "context", "steps")
 BLOCKS = ("runtime", "definitions", "hardware", "evidence")  # the docs' blocks of grid sections (report.BLOCKS)
-FIELDS = {"views", "ceiling", "blocks", "targets"}
+FIELDS = {"views", "ceiling", "blocks", "targets", "history"}
 TARGET_FIELDS = {"issue", "metric", "against", "at_least", "arms"}
 
 
@@ -43,6 +44,7 @@ class ReportSpec:
     ceiling: bool = False
     blocks: tuple[str, ...] = ()
     targets: tuple[Target, ...] = ()
+    history: tuple[str, ...] = ()  # arms that are versions of one engine, oldest first (analysis/history.py)
 
     def shows(self, view: str) -> bool:
         return self.views is None or view in self.views
@@ -109,7 +111,11 @@ def parse(path: str, raw: Any, arms: tuple[str, ...] | None = None) -> ReportSpe
                 if v not in arms:
                     raise _err(path, f"{fld}.{k}", f"names no arm of this grid: {v!r}", f"arms: {', '.join(arms)}")
         out.append(Target(issue=t["issue"], metric=t["metric"], against=t["against"], at_least=float(at), arms=names))
-    return ReportSpec(views=views, ceiling=ceiling, blocks=blocks, targets=tuple(out))
+    history = _names(path, "report.history", raw.get("history", []), arms, "the arms that are versions, oldest first")
+    if len(history) == 1:
+        raise _err(path, "report.history", "names one arm: a history has at least two versions",
+                   "list the arms that are versions, oldest first")
+    return ReportSpec(views=views, ceiling=ceiling, blocks=blocks, targets=tuple(out), history=history)
 
 
 # The grid files read by this process's reports: path -> ((device, inode, size, mtime_ns) or None, the sha256 of its

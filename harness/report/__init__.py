@@ -30,7 +30,7 @@ from harness.report.pages import (INDEX, PAGE_MARK, Pages, check_pages, grid_pag
                                   summary_intro, summary_view, verdict_lines, worse_rows, write_pages)
 from harness.report.readme import BLOCKS, block_markers, readme_text, render_block
 from harness.report.sections import (_context, _scale, _steps, across_hosts, ceiling_section, fidelity_section,
-                                     grid_section, plot_names, targets_block)
+                                     grid_section, history_block, plot_names, targets_block)
 from harness.store import gc_paused
 
 # what the CLI, the HTML site and the tests reach here (the submodules hold them)
@@ -110,6 +110,7 @@ def _render_all(store_dirs: list[str], c: Collected) -> tuple[Pages, list[dict],
             sec["scale"] = _scale(sec, series, cal_by_host) if spec.shows("scale") else None
             sec["steps"] = _steps(sec, series, cal_by_host) if spec.shows("steps") else None
             sec["targets"] = targets_block(spec.targets, series)
+            sec["history"] = history_block(spec.history, series)
             sec["context"] = _context(sec, series, cal_by_host) if spec.shows("context") else None
             for kind in workloads.kinds():  # each workload kind's own views of the series (sweep, tools: serving's)
                 sec.update(kind.views(sec, series))

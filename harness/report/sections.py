@@ -452,9 +452,49 @@ def plot_names(section: dict) -> list[str]:
         names.append(f"{section['slug']}-steps.png")
     if section.get("context") and any(r["decode_value"] is not None for r in section["context"]["rows"]):
         names.append(f"{section['slug']}-context.png")
+    if section.get("history"):
+        names.append(f"{section['slug']}-history.png")
     if any(len(rows) > 1 for by_arm in analysis.load_points(section).values() for rows in by_arm.values()):
         names.append(f"{section['slug']}-load.png")
     return names
+
+
+def history_block(order: tuple[str, ...], series: list[RunArtifact]) -> dict | None:
+    """A history's view (analysis/history.py): per metric and cell, each version's median with its 95% interval
+    and the step from the version before with its interval at the family's level and verdict; the steps found,
+    and the steps too noisy to tell. None: the grid declares no history, or its series measured fewer than two."""
+    if not order:
+        return None
+    from harness.analysis.history import histories
+    hs = histories(series, order)
+    if not hs:
+        return None
+    tables, found, noisy, n_steps, level = [], [], 0, 0, ""
+    for h in hs:
+        step_of = {s.after: s for s in h.steps}
+        rows = []
+        for p in h.points:
+            s = step_of.get(p.version)
+            row = {"version": p.version, "median": _fmt(p.median), "median_value": p.median, "n": p.n,
+                   "median_ci": "n<6: no interval" if p.median_ci is None else
+                   f"[{_fmt(p.median_ci[0])}, {_fmt(p.median_ci[1])}]", "ci_values": p.median_ci,
+                   "step": "", "verdict": "", "step_value": None, "found": False}
+            if s is not None:
+                c = s.comparison
+                n_steps += 1
+                level = stats.level_text(c.level)
+                row |= {"step": _ratio_text(c), "verdict": _short_verdict(s.verdict), "step_value": c.ratio,
+                        "found": s.found}
+                if s.found:
+                    found.append(f"{h.metric} at {h.cell.replace('batch=1,', '')}: {s.before} to {s.after}, "
+                                 f"{_ratio_text(c)}, {s.verdict}")
+                elif not c.has_interval:
+                    noisy += 1
+            rows.append(row)
+        tables.append({"metric": h.metric, "unit": h.unit, "cell": h.cell.replace("batch=1,", ""),
+                       "better": "higher" if h.higher_is_better else "lower", "rows": rows})
+    return {"order": list(order), "tables": tables, "found": found, "noisy": noisy, "n_steps": n_steps,
+            "level": level}
 
 
 def _scale(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | None:

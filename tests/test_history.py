@@ -1,0 +1,85 @@
+"""Histories (harness/analysis/history.py): versions as arms, steps between consecutive versions found by paired
+intervals at a family's level; and a planted step in a real history of `command` arms, found at its place."""
+
+import re
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+
+from harness.analysis.history import histories
+
+ORDER = ("v1", "v2", "v3", "v4", "v5")
+
+
+def _runs(levels: dict[str, float], passes: int, noise: float, rng) -> list:
+    """Fake runs of a history: per pass a shared drift (what pairing by pass removes) and each version's level."""
+    out = []
+    for p in range(passes):
+        drift = rng.normal(0, 0.05)
+        for i, (v, level) in enumerate(levels.items()):
+            x = level * np.exp(drift + rng.normal(0, noise))
+            out.append(NS(status="ok", grid=NS(arm=v, cell="batch=1,threads=1", pass_index=p),
+                          timing=NS(end=f"2026-01-01T00:{p:02d}:{i:02d}"),
+                          metrics={"wall_s": NS(samples=[x, x, x], unit="s", higher_is_better=False)}))
+    return out
+
+
+def test_a_planted_step_is_found_at_its_place_and_nowhere_else():
+    rng = np.random.default_rng(1)
+    levels = {"v1": 0.10, "v2": 0.10, "v3": 0.105, "v4": 0.105, "v5": 0.105}
+    (h,) = histories(_runs(levels, 10, 0.005, rng), ORDER)
+    assert [p.version for p in h.points] == list(ORDER) and len(h.steps) == 4
+    found = [(s.before, s.after, s.verdict) for s in h.steps if s.found]
+    assert found == [("v2", "v3", "worse")]  # 5% more time: worse, at v2 -> v3 only
+    step = next(s for s in h.steps if s.after == "v3")
+    assert step.comparison.ci_low > 1 and step.comparison.m_family == 4  # one family: every step shown
+
+
+def test_a_flat_history_shows_a_step_at_most_at_the_stated_rate():
+    """Fifty-step families of flat histories: the share with any step found stays under 0.05 (Bonferroni over
+    the family: conservative)."""
+    rng = np.random.default_rng(2)
+    flat = {v: 0.1 for v in ORDER}
+    trials = 300
+    false = sum(any(s.found for h in histories(_runs(flat, 8, 0.02, rng), ORDER) for s in h.steps)
+                for _ in range(trials))
+    assert false / trials <= 0.05, false
+
+
+def test_too_few_passes_say_the_history_is_too_noisy_to_tell():
+    rng = np.random.default_rng(3)
+    (h,) = histories(_runs({v: 0.1 for v in ORDER}, 3, 0.02, rng), ORDER)
+    assert all(not s.comparison.has_interval and s.verdict.startswith("undetermined") for s in h.steps)
+
+
+def test_a_version_a_series_did_not_measure_is_skipped_not_compared():
+    rng = np.random.default_rng(4)
+    runs = [a for a in _runs({v: 0.1 for v in ORDER}, 8, 0.01, rng) if a.grid.arm != "v3"]
+    (h,) = histories(runs, ORDER)
+    assert [(s.before, s.after) for s in h.steps] == [("v1", "v2"), ("v2", "v4"), ("v4", "v5")]
+
+
+def test_a_real_planted_history_is_found_and_reported(tmp_path, cli):
+    """The history-planted grid, shortened: five `command` versions, the fifth slower by a third; run for real,
+    its page names the step."""
+    import yaml
+
+    from harness.paths import PROJECT_ROOT
+    doc = yaml.safe_load((PROJECT_ROOT / "grids" / "history-planted.yaml").read_text())
+    for a in doc["arms"]:
+        a["options"]["cmd"] = "sleep 0.06" if a["name"] in ("v4", "v5") else "sleep 0.045"
+        a.pop("cpus")
+    doc |= {"passes": 8, "repetitions": 1, "warmups": 0}  # 8: a family of 4 steps can reach its level
+    grid = tmp_path / "history-planted.yaml"
+    grid.write_text(yaml.safe_dump(doc))
+    store = tmp_path / "store"
+    assert cli("run", grid, "--store", store)[0] == 0
+    (tmp_path / "site").mkdir()
+    rc, _, err = cli("report", "--store", store, "--out", tmp_path / "site" / "results.md")
+    assert rc == 0, err
+    page = (tmp_path / "site" / "history-planted.md").read_text()
+    assert "### History: v1 → v2 → v3 → v4 → v5" in page
+    assert "- wall_s at context_len=1,gen_len=1,prompt_len=1,threads=1: v3 to v4, " in page and ", worse" in page.split("Steps found:")[1].split("####")[0]
+    (png,) = re.findall(r"\(([^()]+-history\.png)\)", page)
+    assert (tmp_path / "site" / png).is_file()
