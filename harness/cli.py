@@ -236,6 +236,17 @@ def _share(v: str) -> float:
     return x
 
 
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from harness import bisect
+    r = bisect.bisect(args.grid, args.tree, args.good, args.bad, args.metric, args.passes, args.store, sys.stderr)
+    if r.first_bad is None:
+        print(f"not separated: {r.why}")
+        return 1
+    print(f"first bad commit: {r.first_bad} {r.subject}")
+    print(f"({r.why})")
+    return 0
+
+
 def cmd_hosts(args: argparse.Namespace) -> int:
     from harness import report
     rows = report.hosts(args.store)
@@ -447,6 +458,18 @@ def _store_verbs(sub: Any) -> None:
                     "the newest, the report's); the series column tells them apart")
     se.add_argument("--out", default=None, help="file to write (replaced whole); default: stdout")
     se.set_defaults(func=cmd_export)
+
+    sb = sub.add_parser("bisect", help="the first commit of a git tree at which a grid's figure steps "
+                        "(docs/methodology.md)")
+    sb.add_argument("grid", help="a grid of one arm whose options name {tree}")
+    sb.add_argument("--tree", required=True, help="the git tree")
+    sb.add_argument("--good", required=True, help="a commit before the change")
+    sb.add_argument("--bad", required=True, help="a commit after it")
+    sb.add_argument("--metric", required=True, help="the figure to follow (e.g. wall_s, decode_tok_s)")
+    sb.add_argument("--passes", type=int, default=10, help="passes of each probe (default 10: a family of two "
+                    "steps needs 8)")
+    sb.add_argument("--store", default="artifacts", help="where each probe's artifacts go (<store>/<grid>-bisect-K/)")
+    sb.set_defaults(func=cmd_bisect)
 
     scm = sub.add_parser("compare", help="B against A: two series (hosts, grid versions, stores, or two arms), "
                          "ratios with intervals (docs/harness.md)")

@@ -83,3 +83,34 @@ def test_a_real_planted_history_is_found_and_reported(tmp_path, cli):
     assert "- wall_s at context_len=1,gen_len=1,prompt_len=1,threads=1: v3 to v4, " in page and ", worse" in page.split("Steps found:")[1].split("####")[0]
     (png,) = re.findall(r"\(([^()]+-history\.png)\)", page)
     assert (tmp_path / "site" / png).is_file()
+
+
+def _git(tree, *args):
+    import subprocess
+    subprocess.run(["git", "-C", str(tree), *args], check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+
+
+def test_bisect_finds_the_commit_that_planted_a_slowdown(tmp_path, cli, monkeypatch):
+    """A small git tree of six commits whose program sleeps longer from the fourth on: bisect, from the first
+    (good) to the sixth (bad), names the fourth, measuring three commits a probe."""
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path / "cache"))
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    _git(tree, "init", "-q")
+    for k in range(1, 7):
+        (tree / "work.sh").write_text(f"sleep {0.065 if k >= 4 else 0.045}\n# commit {k}\n")
+        _git(tree, "add", "work.sh")
+        _git(tree, "commit", "-q", "-m", f"commit {k}")
+    grid = tmp_path / "prog.yaml"
+    grid.write_text("name: prog\narms:\n  - {name: prog, engine: command, options: {cmd: \"sh {tree}/work.sh\"}}\n"
+                    "workload: {prompt_len: 1, context_len: 1, gen_len: 1}\nthreads: 1\nrepetitions: 1\nwarmups: 0\n")
+    rc, out, err = cli("bisect", grid, "--tree", tree, "--good", "HEAD~5", "--bad", "HEAD", "--metric", "wall_s",
+                       "--passes", "8", "--store", tmp_path / "store")
+    assert rc == 0, err
+    assert "first bad commit: " in out and out.split("first bad commit: ")[1].split("\n")[0].endswith(" commit 4"), out
+    assert err.count("[bisect] probe ") == 2  # six commits: two probes of three
+    rc, out, _ = cli("bisect", grid, "--tree", tree, "--good", "HEAD~5", "--bad", "HEAD~3", "--metric", "wall_s",
+                     "--passes", "8", "--store", tmp_path / "store")
+    assert rc == 1 and out.startswith("not separated: neither half steps"), out  # commits 1-3: no change

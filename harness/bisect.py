@@ -1,0 +1,195 @@
+"""`harness bisect`: the first commit of a git tree at which a grid's figure steps (docs/methodology.md, "Bisect").
+
+The grid names one arm, a template: the string `{tree}` in its options stands for a checkout of one commit of the
+tree (`git archive`, extracted once per commit under the cache: the user's repository is only read). Between a
+good and a bad commit (first-parent history), each probe measures three commits, the two ends of the interval
+still open and its middle, as a history (harness/analysis/history.py): three arms interleaved and paired by pass,
+the steps ends -> middle -> end one family. The step that is found tells which half holds the change; the probe
+repeats on that half until the interval is one commit wide, whose later commit is the first bad one. A probe
+where both halves or neither show a step stops the bisect and says so: two changes, or one too small for these
+passes. Each probe's family is at the 0.05 level, so a bisect of k probes takes a wrong turn with probability at
+most k x 0.05 (Bonferroni over probes), which it states. Every probe's runs are artifacts of their own grid
+(`<grid>-bisect-<k>`) in the store.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from harness.errors import UserError
+from harness.paths import cache_root
+
+TREE = "{tree}"
+
+
+@dataclass
+class Probe:
+    commits: list[str]  # the probe's three (or two) commits, oldest first
+    steps: list[str]  # each step's words: "c1 -> c2: x1.012 [0.98, 1.04], no difference detected"
+    turn: str  # "earlier half", "later half", or why it stops
+
+
+@dataclass
+class Bisected:
+    first_bad: str | None  # the commit, or None: not separated
+    subject: str
+    probes: list[Probe] = field(default_factory=list)
+    why: str = ""
+
+
+def _git(tree: Path, *args: str, binary: bool = False) -> Any:
+    git = shutil.which("git")
+    if git is None:
+        raise UserError("harness bisect", "git is not on PATH", "install git")
+    r = subprocess.run([git, "-C", str(tree), *args], capture_output=True, check=False, timeout=600)
+    if r.returncode != 0:
+        raise UserError(f"--tree {tree}", f"git {' '.join(args[:2])}: {r.stderr.decode(errors='replace').strip()[:200]}",
+                        "give a git tree and commits it holds")
+    return r.stdout if binary else r.stdout.decode().strip()
+
+
+def commits(tree: Path, good: str, bad: str) -> list[str]:
+    """The first-parent chain from good to bad, both included, oldest first."""
+    g, b = _git(tree, "rev-parse", "--verify", f"{good}^{{commit}}"), _git(tree, "rev-parse", "--verify", f"{bad}^{{commit}}")
+    if g == b:
+        raise UserError("--good/--bad", "name the same commit", "give a good commit before the bad one")
+    chain = _git(tree, "rev-list", "--first-parent", "--reverse", f"{g}..{b}").split()
+    if _git(tree, "merge-base", g, b) != g:
+        raise UserError("--good", f"{good} is not an ancestor of {bad}", "give a good commit before the bad one")
+    return [g, *chain]
+
+
+def checkout(tree: Path, sha: str) -> Path:
+    """The tree at one commit, extracted once (keyed by the commit's sha) under the cache."""
+    out = cache_root() / "bisect" / sha
+    if out.is_dir():
+        return out
+    data = _git(tree, "archive", "--format=tar", sha, binary=True)
+    tmp = out.with_name(f".{sha}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        tf.extractall(tmp, filter="data")
+    tmp.rename(out)
+    return out
+
+
+def _with_tree(x: Any, path: str) -> Any:
+    if isinstance(x, str):
+        return x.replace(TREE, path)
+    if isinstance(x, dict):
+        return {k: _with_tree(v, path) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_with_tree(v, path) for v in x]
+    return x
+
+
+def template(grid_path: str) -> dict:
+    """The grid file, checked: one arm, whose options name {tree}."""
+    from harness.grid.yamlfile import read_yaml
+    doc, _ = read_yaml(grid_path)
+    arms = doc.get("arms") if isinstance(doc, dict) else None
+    if not isinstance(arms, list) or len(arms) != 1 or not isinstance(arms[0], dict):
+        raise UserError(grid_path, "arms: a bisect grid has exactly one arm (the template each commit runs)",
+                        "keep one arm; write {tree} where its options name the tree")
+    if TREE not in repr(arms[0].get("options", {})):
+        raise UserError(grid_path, f"arms[0].options: no {TREE} in them", f"write {TREE} where the arm uses the tree")
+    return doc
+
+
+def label(i: int, sha: str) -> str:
+    return f"c{i}-{sha[:7]}"
+
+
+def probe_grid(doc: dict, name: str, picks: list[tuple[int, str]], paths: dict[str, Path], passes: int,
+               out_dir: Path) -> Path:
+    """The probe's grid: the template's arm once per commit (its {tree} that commit's checkout), the first the
+    baseline, the commits a history in order."""
+    arm = doc["arms"][0]
+    d = copy.deepcopy(doc)
+    d["name"] = name
+    d["arms"] = [{**_with_tree(arm, str(paths[sha])), "name": label(i, sha)} for i, sha in picks]
+    d["baseline"] = label(*picks[0])
+    d["passes"] = passes
+    d["order"] = "interleaved"
+    d.pop("primary", None)
+    d["report"] = {**(d.get("report") or {}), "history": [label(i, s) for i, s in picks]}
+    import yaml
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    return path
+
+
+def bisect(grid_path: str, tree: str, good: str, bad: str, metric: str, passes: int = 10,
+           store: str = "artifacts", out: TextIO | None = None) -> Bisected:
+    from harness import execute
+    from harness.analysis.history import histories
+    from harness.export import collect
+    doc = template(grid_path)
+    root = Path(tree).resolve()
+    chain = commits(root, good, bad)
+    i, j = 0, len(chain) - 1
+    base = doc.get("name", "grid")
+    probes: list[Probe] = []
+    work = cache_root() / "bisect" / "grids"
+    while True:
+        picks = [(i, chain[i]), *([((i + j) // 2, chain[(i + j) // 2])] if j - i > 1 else []), (j, chain[j])]
+        paths = {sha: checkout(root, sha) for _, sha in picks}
+        name = f"{base}-bisect-{len(probes) + 1}"
+        gp = probe_grid(doc, name, picks, paths, passes, work)
+        execute.run_grid(str(gp), store_root=store, new_series=True, out=out)
+        arts = collect([store]).runs.get(name, [])
+        order = tuple(label(k, s) for k, s in picks)
+        newest = [a for a in arts if a.grid.sha256 == max(arts, key=lambda a: a.timing.end).grid.sha256] if arts else []
+        hs = [h for h in histories(newest, order, (metric,)) if len(h.points) == len(picks)]
+        if len(hs) != 1:
+            raise UserError(grid_path, f"--metric {metric}: measured in {len(hs)} cells of every probed commit",
+                            "bisect one metric of one cell: fix the grid's workload to one cell")
+        steps = hs[0].steps
+        words = [f"{s.before} -> {s.after}: x{s.comparison.ratio:.3f}"
+                 + (f" [{s.comparison.ci_low:.3f}, {s.comparison.ci_high:.3f}]" if s.comparison.has_interval else "")
+                 + f", {s.verdict}" for s in steps]
+        found = [s.found for s in steps]
+        if len(steps) == 1:  # one commit apart
+            probe = Probe([s for _, s in picks], words, "the step" if found[0] else "no step between them")
+            probes.append(probe)
+            _say(out, probe)
+            return _end(chain[j] if found[0] else None, root, probes, len(probes),
+                        "" if found[0] else f"{label(i, chain[i])} and {label(j, chain[j])} do not differ at these "
+                        f"passes: the step is elsewhere, or too small to see")
+        m = (i + j) // 2
+        if found[0] and not found[1]:
+            turn, j = "earlier half", m
+        elif found[1] and not found[0]:
+            turn, i = "later half", m
+        else:
+            why = ("both halves step: more than one change between them" if all(found) else
+                   "neither half steps: no change, or one too small for these passes (add passes)")
+            probe = Probe([s for _, s in picks], words, why)
+            probes.append(probe)
+            _say(out, probe)
+            return _end(None, root, probes, len(probes), why)
+        probe = Probe([s for _, s in picks], words, turn)
+        probes.append(probe)
+        _say(out, probe)
+        if j - i == 1:  # the half that steps is one commit wide: its later commit is the first bad one
+            return _end(chain[j], root, probes, len(probes), "")
+
+
+def _say(out: TextIO | None, p: Probe) -> None:
+    if out is not None:
+        print(f"[bisect] probe {', '.join(c[:7] for c in p.commits)}: {'; '.join(p.steps)} -> {p.turn}", file=out)
+
+
+def _end(first_bad: str | None, root: Path, probes: list[Probe], k: int, why: str) -> Bisected:
+    subject = _git(root, "log", "-1", "--format=%s", first_bad) if first_bad else ""
+    return Bisected(first_bad=first_bad, subject=subject, probes=probes,
+                    why=why or f"{k} probe(s), each a family at the 0.05 level: a wrong turn at most {k * 0.05:.2f}")
