@@ -188,3 +188,25 @@ def test_an_unwritable_cache_folder_is_no_error(env, monkeypatch):
 def test_analysis_forgets_its_per_object_values(env):
     report.render([str(env)])
     assert not analysis._BUILD_IDS and not analysis._MODEL_IDS and not analysis._WEIGHT_SHAS
+
+
+def test_a_report_after_check_reuses_its_verdicts_and_rechecks_what_it_refused(env, monkeypatch, no_output_memo):
+    """A store `harness check` just verified: the report parses each file it found clean (its tree state aside)
+    without checking it again; a file check refused is checked again, and left out as before."""
+    victim = sorted(p for p in env.rglob("*.json") if p.parent.name == "quickstart")[0]
+    doc = json.loads(victim.read_text())
+    doc["metrics"]["decode_tok_s"]["samples"][0] *= 100  # a lie check catches (its id recomputed)
+    doc["id"] = artifact.compute_id(doc)
+    lie = victim.with_name(f"{doc['id']}.json")
+    lie.write_text(json.dumps(doc))
+    want = _uncached(env, monkeypatch)  # every file read and checked: the lie left out, named
+    import time
+    time.sleep(hashcache.RACY_NS / 1e9)
+    n, problems = check.check([str(env)], verify_models=False)
+    assert any(p.startswith(str(lie)) for p in problems)
+    calls: list[str] = []
+    real = check.accepted
+    monkeypatch.setattr(check, "accepted", lambda arts, **kw: calls.extend(w for _, w in arts) or real(arts, **kw))
+    after = report.render([str(env)])
+    assert calls == [str(lie)]  # only what check refused is checked again
+    assert after == want

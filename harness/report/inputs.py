@@ -94,9 +94,12 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
     import os
     import time
 
-    from harness.check import CACHE_FROM, _relative, accepted
+    from harness.check import CACHE_FROM, _relative, accepted, cache_options
     from harness.hashcache import StoreCache, stamp
     cache = StoreCache("report", d) if len(paths) >= CACHE_FROM else None
+    # `harness check`'s verdicts of this store (read only): a file it found clean but for its tree state is what
+    # check.accepted accepts, and it verified its id; it is parsed without checking it again
+    checked = StoreCache("check", d, cache_options(False)) if cache is not None else None
     pcache = _parsed_cache(d) if cache is not None else None
     parsed_old = pcache.load() if pcache is not None else {}
     parsed: dict[str, tuple] = {}
@@ -123,6 +126,13 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
                 isinstance(x, str) for x in hit[1]):
             (unloadable if hit[0] == "load" else refused).extend(f"{where}: {x}" for x in hit[1])
             continue
+        elif st and (aid := _checked_id(checked.get(rel, st) if checked is not None else None)) is not None:
+            kept = _unchanged(p, rel, st, aid, parsed_old, parsed, shared)
+            if kept is not None:
+                arts.append(kept)
+                _note(accepted_ids, rel, aid)
+                cache.put(rel, st, ["ok", aid], now)  # type: ignore[union-attr]
+                continue
         try:
             a = load_path(p, verify_id=True)
         except UserError as e:
@@ -146,6 +156,20 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
     elif accepted_ids is not None:
         accepted_ids.append(None)  # an uncached store: its inputs are not known without reading it (_inputs)
     return arts, unloadable + refused
+
+
+TREE_STATE = ("harness.commit: ", "harness.dirty: ")  # check's lines on the tree state, which the report does not gate
+
+
+def _checked_id(verdict: Any) -> str | None:
+    """The id of a file `harness check` verified (its cached verdict: [problems, record]) and found clean but for
+    its tree state; None otherwise."""
+    if not (isinstance(verdict, list) and len(verdict) == 2 and isinstance(verdict[0], list)
+            and isinstance(verdict[1], dict)):
+        return None
+    aid = verdict[1].get("id")
+    clean = all(isinstance(x, str) and x.startswith(TREE_STATE) for x in verdict[0])
+    return aid if clean and isinstance(aid, str) else None
 
 
 def _unchanged(p: Path, rel: str, st: Any, hit_id: str, parsed_old: dict, parsed: dict, shared: dict) -> Any:
