@@ -7,8 +7,8 @@ still open and its middle, as a history (harness/analysis/history.py): three arm
 the steps ends -> middle -> end one family. The step that is found tells which half holds the change; the probe
 repeats on that half until the interval is one commit wide, whose later commit is the first bad one. A probe
 where both halves or neither show a step stops the bisect and says so: two changes, or one too small for these
-passes. Each probe's family is at the 0.05 level, so a bisect of k probes takes a wrong turn with probability at
-most k x 0.05 (Bonferroni over probes), which it states. Every probe's runs are artifacts of their own grid
+passes. Each probe's family is at the `alpha` level (default 0.05), so a bisect of k probes takes a wrong turn with
+probability at most k x alpha (Bonferroni over probes), which it states. Every probe's runs are artifacts of their own grid
 (`<grid>-bisect-<k>`) in the store.
 """
 
@@ -129,7 +129,7 @@ def probe_grid(doc: dict, name: str, picks: list[tuple[int, str]], paths: dict[s
 
 
 def bisect(grid_path: str, tree: str, good: str, bad: str, metric: str, passes: int = 10,
-           store: str = "artifacts", out: TextIO | None = None) -> Bisected:
+           store: str = "artifacts", out: TextIO | None = None, alpha: float = 0.05) -> Bisected:
     from harness import execute
     from harness.analysis.history import histories
     from harness.export import collect
@@ -149,7 +149,7 @@ def bisect(grid_path: str, tree: str, good: str, bad: str, metric: str, passes: 
         arts = collect([store]).runs.get(name, [])
         order = tuple(label(k, s) for k, s in picks)
         newest = [a for a in arts if a.grid.sha256 == max(arts, key=lambda a: a.timing.end).grid.sha256] if arts else []
-        hs = [h for h in histories(newest, order, (metric,)) if len(h.points) == len(picks)]
+        hs = [h for h in histories(newest, order, (metric,), alpha) if len(h.points) == len(picks)]
         if len(hs) != 1:
             raise UserError(grid_path, f"--metric {metric}: measured in {len(hs)} cells of every probed commit",
                             "bisect one metric of one cell: fix the grid's workload to one cell")
@@ -162,7 +162,7 @@ def bisect(grid_path: str, tree: str, good: str, bad: str, metric: str, passes: 
             probe = Probe([s for _, s in picks], words, "the step" if found[0] else "no step between them")
             probes.append(probe)
             _say(out, probe)
-            return _end(chain[j] if found[0] else None, root, probes, len(probes),
+            return _end(chain[j] if found[0] else None, root, probes, len(probes), alpha,
                         "" if found[0] else f"{label(i, chain[i])} and {label(j, chain[j])} do not differ at these "
                         f"passes: the step is elsewhere, or too small to see")
         m = (i + j) // 2
@@ -176,12 +176,12 @@ def bisect(grid_path: str, tree: str, good: str, bad: str, metric: str, passes: 
             probe = Probe([s for _, s in picks], words, why)
             probes.append(probe)
             _say(out, probe)
-            return _end(None, root, probes, len(probes), why)
+            return _end(None, root, probes, len(probes), alpha, why)
         probe = Probe([s for _, s in picks], words, turn)
         probes.append(probe)
         _say(out, probe)
         if j - i == 1:  # the half that steps is one commit wide: its later commit is the first bad one
-            return _end(chain[j], root, probes, len(probes), "")
+            return _end(chain[j], root, probes, len(probes), alpha, "")
 
 
 def _say(out: TextIO | None, p: Probe) -> None:
@@ -189,7 +189,8 @@ def _say(out: TextIO | None, p: Probe) -> None:
         print(f"[bisect] probe {', '.join(c[:7] for c in p.commits)}: {'; '.join(p.steps)} -> {p.turn}", file=out)
 
 
-def _end(first_bad: str | None, root: Path, probes: list[Probe], k: int, why: str) -> Bisected:
+def _end(first_bad: str | None, root: Path, probes: list[Probe], k: int, alpha: float, why: str) -> Bisected:
     subject = _git(root, "log", "-1", "--format=%s", first_bad) if first_bad else ""
     return Bisected(first_bad=first_bad, subject=subject, probes=probes,
-                    why=why or f"{k} probe(s), each a family at the 0.05 level: a wrong turn at most {k * 0.05:.2f}")
+                    why=why or f"{k} probe(s), each a family at the {alpha:g} level: a wrong turn with probability at "
+                                f"most {k * alpha:.3g}")

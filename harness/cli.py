@@ -238,7 +238,8 @@ def _share(v: str) -> float:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     from harness import bisect
-    r = bisect.bisect(args.grid, args.tree, args.good, args.bad, args.metric, args.passes, args.store, sys.stderr)
+    r = bisect.bisect(args.grid, args.tree, args.good, args.bad, args.metric, args.passes, args.store, sys.stderr,
+                      args.alpha)
     if r.first_bad is None:
         print(f"not separated: {r.why}")
         return 1
@@ -469,6 +470,8 @@ def _store_verbs(sub: Any) -> None:
     sb.add_argument("--passes", type=int, default=10, help="passes of each probe (default 10: a family of two "
                     "steps needs 8)")
     sb.add_argument("--store", default="artifacts", help="where each probe's artifacts go (<store>/<grid>-bisect-K/)")
+    sb.add_argument("--alpha", type=_share, default=0.05, help="each probe's family level (default 0.05; a smaller "
+                    "one needs more passes: 2/2^n <= alpha/2)")
     sb.set_defaults(func=cmd_bisect)
 
     scm = sub.add_parser("compare", help="B against A: two series (hosts, grid versions, stores, or two arms), "

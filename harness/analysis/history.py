@@ -50,9 +50,11 @@ class History:
     steps: list[Step]
 
 
-def histories(arts: list, order: tuple[str, ...], metrics: tuple[str, ...] | None = None) -> list[History]:
+def histories(arts: list, order: tuple[str, ...], metrics: tuple[str, ...] | None = None,
+              alpha: float = stats.ALPHA) -> list[History]:
     """Every (metric, cell) of one series that at least two of the ordered versions measured, with its points and
-    the steps between consecutive versions that both measured it; one family over every step."""
+    the steps between consecutive versions that both measured it; one family over every step, at level
+    1 - alpha (Bonferroni: each step's interval at 1 - alpha/m)."""
     runs: dict[tuple[str, str, int], Any] = {}
     for a in sorted((a for a in arts if a.status == "ok" and a.grid.arm in order), key=lambda a: a.timing.end):
         runs[(a.grid.cell, a.grid.arm, a.grid.pass_index)] = a  # the latest of a (cell, arm, pass)
@@ -68,7 +70,7 @@ def histories(arts: list, order: tuple[str, ...], metrics: tuple[str, ...] | Non
     for key, by_arm in per.items():
         present = [v for v in order if by_arm.get(v)]
         pairs += [(key, x, y) for x, y in zip(present, present[1:])]
-    family = max(1, len(pairs))
+    family = max(1, round(len(pairs) * stats.ALPHA / alpha))  # stats.compare's intervals are at 1 - ALPHA/m
     steps: dict[tuple[str, str], list[Step]] = defaultdict(list)
     for key, x, y in pairs:
         common = sorted(set(per[key][x]) & set(per[key][y]))
