@@ -68,7 +68,8 @@ def test_a_real_planted_history_is_found_and_reported(tmp_path, cli):
     from harness.paths import PROJECT_ROOT
     doc = yaml.safe_load((PROJECT_ROOT / "grids" / "history-planted.yaml").read_text())
     for a in doc["arms"]:
-        a["options"]["cmd"] = "sleep 0.08" if a["name"] in ("v4", "v5") else "sleep 0.04"
+        # a step of 0.25 s: under the suite's load a process spawn alone varies by a tenth of a second
+        a["options"]["cmd"] = "sleep 0.3" if a["name"] in ("v4", "v5") else "sleep 0.05"
         a.pop("cpus")
     doc |= {"passes": 12, "repetitions": 1, "warmups": 0}  # 8 reach a family of 4 steps' level; 12 bear a stall
     grid = tmp_path / "history-planted.yaml"
@@ -100,7 +101,7 @@ def test_bisect_finds_the_commit_that_planted_a_slowdown(tmp_path, cli, monkeypa
     tree.mkdir()
     _git(tree, "init", "-q")
     for k in range(1, 7):
-        (tree / "work.sh").write_text(f"sleep {0.08 if k >= 4 else 0.04}\n# commit {k}\n")
+        (tree / "work.sh").write_text(f"sleep {0.3 if k >= 4 else 0.05}\n# commit {k}\n")  # beyond spawn noise
         _git(tree, "add", "work.sh")
         _git(tree, "commit", "-q", "-m", f"commit {k}")
     grid = tmp_path / "prog.yaml"
