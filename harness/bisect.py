@@ -131,6 +131,7 @@ def probe_grid(doc: dict, name: str, picks: list[tuple[int, str]], paths: dict[s
 def bisect(grid_path: str, tree: str, good: str, bad: str, metric: str, passes: int = 10,
            store: str = "artifacts", out: TextIO | None = None, alpha: float = 0.05) -> Bisected:
     from harness import execute
+    from harness.analysis import newest_series
     from harness.analysis.history import histories
     from harness.export import collect
     doc = template(grid_path)
@@ -148,8 +149,8 @@ def bisect(grid_path: str, tree: str, good: str, bad: str, metric: str, passes: 
         execute.run_grid(str(gp), store_root=store, new_series=True, out=out)
         arts = collect([store]).runs.get(name, [])
         order = tuple(label(k, s) for k, s in picks)
-        newest = [a for a in arts if a.grid.sha256 == max(arts, key=lambda a: a.timing.end).grid.sha256] if arts else []
-        hs = [h for h in histories(newest, order, (metric,), alpha) if len(h.points) == len(picks)]
+        hs = [h for h in histories(newest_series(arts) if arts else [], order, (metric,), alpha)
+              if len(h.points) == len(picks)]
         if len(hs) != 1:
             raise UserError(grid_path, f"--metric {metric}: measured in {len(hs)} cells of every probed commit",
                             "bisect one metric of one cell: fix the grid's workload to one cell")

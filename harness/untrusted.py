@@ -51,52 +51,36 @@ def folder(path: Path, where: str, fix: str) -> list[Path]:
     root = Path(os.path.realpath(path))
     files: list[Path] = []
     for d, dirs, names in os.walk(path, followlinks=False):
-        for n in dirs + names:
-            p = Path(d) / n
-            if p.is_symlink():
-                real = Path(os.path.realpath(p))
-                if not real.is_relative_to(root):
-                    raise UserError(where, f"{p} links out of the folder (to {real})",
-                                    "copy the file into the folder instead of linking it")
-            if n in names:
-                regular_file(p, where, "remove it from the folder, or replace it with the file itself")
-                files.append(p)
-                if len(files) > MAX_FOLDER_FILES:
-                    raise UserError(where, f"{path} holds more than {MAX_FOLDER_FILES:,} files",
-                                    "give the model's own folder")
+        for p in (Path(d) / n for n in dirs + names):
+            if p.is_symlink() and not Path(os.path.realpath(p)).is_relative_to(root):
+                raise UserError(where, f"{p} links out of the folder (to {os.path.realpath(p)})",
+                                "copy the file into the folder instead of linking it")
+        for p in (Path(d) / n for n in names):
+            regular_file(p, where, "remove it from the folder, or replace it with the file itself")
+            files.append(p)
+        if len(files) > MAX_FOLDER_FILES:
+            raise UserError(where, f"{path} holds more than {MAX_FOLDER_FILES:,} files", "give the model's own folder")
     return sorted(files)
-
-
-def depth_problem(doc: Any, max_depth: int = MAX_DEPTH) -> str | None:
-    """Why a parsed JSON document nests too deep, or None (walked without recursion)."""
-    stack = [(doc, 1)]
-    while stack:
-        x, d = stack.pop()
-        if isinstance(x, (dict, list)):
-            if d > max_depth:
-                return f"nests deeper than {max_depth} levels"
-            stack.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
-    return None
 
 
 def read_json(path: Path, where: str, fix: str, max_bytes: int = MAX_JSON_BYTES, want: type | None = dict) -> Any:
     """A JSON file, bounded: a regular file of at most max_bytes, valid UTF-8 JSON nesting at most MAX_DEPTH
-    levels, of type `want` (None: any)."""
+    levels (store.too_deep, on the bytes, before parsing), of type `want` (None: any)."""
     st = regular_file(path, where, fix)
     if st.st_size > max_bytes:
         raise UserError(where, f"{path}: {st.st_size:,} bytes, more than {max_bytes:,}", fix)
+    from harness.store import too_deep
     try:
         with open(path, "rb") as f:
-            doc = json.loads(f.read(max_bytes + 1))
-    except RecursionError:
-        raise UserError(where, f"{path}: nests deeper than JSON can be read", fix) from None
+            raw = f.read(max_bytes + 1)
     except OSError as e:
         raise UserError(where, f"{path}: {e.strerror or type(e).__name__}", fix) from None
+    if too_deep(raw, MAX_DEPTH):
+        raise UserError(where, f"{path}: nests deeper than {MAX_DEPTH} levels", fix)
+    try:
+        doc = json.loads(raw)
     except ValueError as e:  # not UTF-8, not JSON
         raise UserError(where, f"{path}: not JSON ({str(e)[:80]})", fix) from None
-    why = depth_problem(doc)
-    if why:
-        raise UserError(where, f"{path}: {why}", fix)
     if want is not None and not isinstance(doc, want):
         raise UserError(where, f"{path}: a JSON {type(doc).__name__}, not an {'object' if want is dict else want.__name__}",
                         fix)

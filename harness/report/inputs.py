@@ -97,9 +97,15 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
     from harness.check import CACHE_FROM, _relative, accepted, cache_options
     from harness.hashcache import StoreCache, stamp
     cache = StoreCache("report", d) if len(paths) >= CACHE_FROM else None
-    # `harness check`'s verdicts of this store (read only): a file it found clean but for its tree state is what
-    # check.accepted accepts, and it verified its id; it is parsed without checking it again
-    checked = StoreCache("check", d, cache_options(False)) if cache is not None else None
+    # `harness check`'s verdicts of this store (read only, read at the first file the report's own cache misses):
+    # a file it found clean but for its tree state is what check.accepted accepts, and it verified its id; it is
+    # parsed without checking it again
+    checked: list = []  # the check cache, once made
+
+    def check_verdict(rel: str, st: Any) -> Any:
+        if not checked:
+            checked.append(StoreCache("check", d, cache_options(False)))
+        return checked[0].get(rel, st)
     pcache = _parsed_cache(d) if cache is not None else None
     parsed_old = pcache.load() if pcache is not None else {}
     parsed: dict[str, tuple] = {}
@@ -126,7 +132,7 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
                 isinstance(x, str) for x in hit[1]):
             (unloadable if hit[0] == "load" else refused).extend(f"{where}: {x}" for x in hit[1])
             continue
-        elif st and (aid := _checked_id(checked.get(rel, st) if checked is not None else None)) is not None:
+        elif cache is not None and st and (aid := _checked_id(check_verdict(rel, st))) is not None:
             kept = _unchanged(p, rel, st, aid, parsed_old, parsed, shared)
             if kept is not None:
                 arts.append(kept)

@@ -37,6 +37,7 @@ DEFAULT_OVERHEAD = 64 << 20  # runtime memory beyond weights and KV where no run
 SYSTEM_INFO_ISA = {"AVX": "avx", "AVX2": "avx2", "FMA": "fma", "F16C": "f16c", "AVX512": "avx512f",
                    "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16", "AVX_VNNI": "avx_vnni",
                    "AMX_INT8": "amx_int8"}
+_FEATURE_ON = re.compile(r"\b([A-Z0-9_]+) = 1\b")  # a feature system info reports on
 ABOVE_TIER = {"baseline": ("AVX", "AVX2", "FMA", "F16C", "AVX512", "AVX512_BF16", "AMX_INT8"),
               "avx2": ("AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8"),
               "avx512": ("AVX512_VNNI", "AVX512_BF16", "AMX_INT8"), "avx512-bf16": ("AMX_INT8",), "amx": ()}
@@ -146,9 +147,8 @@ class LlamaCpp(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks):
     def isa_in_use(cls, effective: dict[str, Any]) -> list[str]:
         """The features its system info reports on (`AVX2 = 1`), as host.cpu.isa names them."""
         info = effective.get("system_info")
-        if not isinstance(info, str):
-            return []
-        return [feat for name, feat in SYSTEM_INFO_ISA.items() if re.search(rf"\b{name} = 1\b", info)]
+        on = set(_FEATURE_ON.findall(info)) if isinstance(info, str) else set()
+        return [feat for name, feat in SYSTEM_INFO_ISA.items() if name in on]
 
     def isa_record(self, tier: str, env: dict[str, str], effective: dict[str, Any]) -> dict[str, Any]:
         """The build variant capped at the tier (`harness build --isa TIER`), its system info read back."""
