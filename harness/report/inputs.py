@@ -94,18 +94,10 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
     import os
     import time
 
-    from harness.check import CACHE_FROM, _relative, accepted, cache_options
+    from harness.check import CACHE_FROM, _relative, accepted
     from harness.hashcache import StoreCache, stamp
     cache = StoreCache("report", d) if len(paths) >= CACHE_FROM else None
-    # `harness check`'s verdicts of this store (read only, read at the first file the report's own cache misses):
-    # a file it found clean but for its tree state is what check.accepted accepts, and it verified its id; it is
-    # parsed without checking it again
-    checked: list = []  # the check cache, once made
-
-    def check_verdict(rel: str, st: Any) -> Any:
-        if not checked:
-            checked.append(StoreCache("check", d, cache_options(False)))
-        return checked[0].get(rel, st)
+    check_verdict = _check_verdicts(d)  # a file check found clean is parsed without checking it again
     pcache = _parsed_cache(d) if cache is not None else None
     parsed_old = pcache.load() if pcache is not None else {}
     parsed: dict[str, tuple] = {}
@@ -162,6 +154,20 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
     elif accepted_ids is not None:
         accepted_ids.append(None)  # an uncached store: its inputs are not known without reading it (_inputs)
     return arts, unloadable + refused
+
+
+def _check_verdicts(d: Path) -> Any:
+    """`harness check`'s cached verdicts of store d (read only), read at the first file the report's own cache
+    misses: a file check found clean but for its tree state is what check.accepted accepts, its id verified."""
+    cache: list = []
+
+    def get(rel: str, st: Any) -> Any:
+        if not cache:
+            from harness.check import cache_options
+            from harness.hashcache import StoreCache
+            cache.append(StoreCache("check", d, cache_options(False)))
+        return cache[0].get(rel, st)
+    return get
 
 
 TREE_STATE = ("harness.commit: ", "harness.dirty: ")  # check's lines on the tree state, which the report does not gate
