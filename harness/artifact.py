@@ -56,6 +56,8 @@ class GridRef(Frozen):
     baseline_arm: str
     primary: dict[str, Any] | None = Field(None, description="the grid's declared primary comparisons (the family "
                                            "given verdicts); null: every comparison")
+    looks: list[int] | None = Field(None, description="passes: {until: verdict}: the numbers of passes at which the "
+                                    "runner looked (each interval at 1 - alpha/(m K), K looks); null: fixed passes")
 
 
 class ModelFile(Frozen):

@@ -108,6 +108,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         from harness import envs
         print(json.dumps(envs.ensure_all(), indent=2))
         return 0
+    if args.grid:  # each arm's own build (a source tree, a release of a history), as `harness run` makes them first
+        from harness import execute, grid
+        spec = grid.load(args.grid)
+        execute.prepare_arms(spec)
+        print(json.dumps({"grid": spec.name, "prepared": [a.name for a in spec.arms]}, indent=2))
+        return 0
     out = {}
     for name in args.engines or ENGINES:  # each engine provisions what it runs (cached; a variant where asked)
         m = get_engine(name).provision(args.isa, rebuild=args.rebuild)
@@ -391,6 +397,8 @@ def _run_verbs(sub: Any) -> None:
                     "the quantizer's: pins that clash with vLLM's), cached outside the checkout")
     sb.add_argument("--isa", default=None, help="build the variant capped at this x86 ISA tier (baseline, avx2, avx512, "
                     "avx512-bf16) for hardware emulation; the runner builds it on first use otherwise")
+    sb.add_argument("--grid", default=None, help="only the builds this grid's arms name (their own source trees, "
+                    "the releases of a history), made as `harness run` makes them before measuring")
     sb.set_defaults(func=cmd_build)
 
     spl = sub.add_parser("plan", help="expansion and exact run order; no engine started")

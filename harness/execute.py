@@ -365,6 +365,7 @@ class _Loop:
         self.guard = threading.Lock()
         self.stopping = threading.Event()  # Ctrl-C: runs are stopped on purpose, none of them was "lost"
         self.machines: list[Machine] = []
+        self.looked: dict[str, int] = {}  # machine -> the passes complete at its last look (sequential passes)
 
     def say(self, m: Machine, line: str) -> None:
         print(f"{m.label}: {line}" if self.prefix else line, file=self.out, flush=True)
@@ -376,6 +377,8 @@ class _Loop:
             self.skipped += sum(1 for runs in self.by_pass.values() for r in runs if r.run_key in m.finished())
         i = 0
         while not m.lost:
+            if self.spec.looks and self.answered(m):
+                return
             p = self.dispatch.next_pass(m)
             if p is None:
                 return
@@ -385,6 +388,22 @@ class _Loop:
                 i += 1
                 if not self.one(m, r, i, max(todo, i)):
                     return
+
+    def answered(self, m: Machine) -> bool:
+        """Sequential passes (harness/sequential.py): at a look (that many passes complete on this machine), whether
+        every declared comparison has its verdict; the runner then stops."""
+        done = m.finished()
+        n = sum(1 for runs in self.by_pass.values() if all(r.run_key in done for r in runs))
+        if n not in self.spec.looks or self.looked.get(m.key) == n:
+            return False
+        self.looked[m.key] = n
+        from harness.analysis import answered
+        yes, got, of = answered([a for arts in m.done.values() for a in arts])
+        k = self.spec.looks.index(n) + 1
+        self.say(m, f"[harness] look {k} of {len(self.spec.looks)} at {n} passes: {got} of {of} declared comparisons "
+                 f"have a verdict" + ("; every one has: stopping" if yes else
+                                      "" if n == self.spec.looks[-1] else f"; next look at {self.spec.looks[k]}"))
+        return yes
 
     def in_threads(self, machines: list[Machine]) -> None:
         def work(m: Machine) -> None:

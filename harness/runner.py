@@ -164,7 +164,8 @@ def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, t
         status=res.status, error=res.error, stderr_tail=res.stderr_tail,
         grid=GridRef(path=spec.path, sha256=spec.sha256, name=spec.name, cell=run.cell.id, cell_params=p, arm=arm.name,
                      pass_index=run.pass_index, position=run.position, order=spec.order, seed=spec.seed,
-                     run_key=run.run_key, baseline_arm=spec.baseline, primary=spec.primary),
+                     run_key=run.run_key, baseline_arm=spec.baseline, primary=spec.primary,
+                     looks=list(spec.looks) or None),
         model=model_block, engine=documents.engine_ref(res.engine, arm.engine, form_override), host=host, timing=timing,
         execution=documents.execution(
             threads=threads, cpus=cpus, numa_policy=provenance.numa_policy() if arm.numa is not None

@@ -147,7 +147,13 @@ def format_plan(spec: GridSpec, runs: list[RunSpec]) -> str:
     from harness import stats
     from harness.grid import family
     m = len(family(spec))
-    if m:
+    if m and spec.looks:
+        k = len(spec.looks)
+        lines.append(f"family: {m} comparison(s) given verdicts ({'declared primaries' if spec.primary else 'all'}), "
+                     f"sequential: looks at {', '.join(map(str, spec.looks))} passes, stopping at the first where "
+                     f"every one has its verdict; each interval at {stats.level_text(1 - stats.ALPHA / (m * k))} "
+                     f"(Bonferroni over {m} x {k} looks)")
+    elif m:
         lines.append(f"family: {m} comparison(s) given verdicts ({'declared primaries' if spec.primary else 'all'}), "
                      f"each interval at {stats.level_text(1 - stats.ALPHA / m)} (Bonferroni); "
                      f"{stats.passes_needed(m)} passes needed for a verdict")

@@ -18,11 +18,19 @@ def test_formats_md_schema_in_sync():
 
 @pytest.mark.parametrize("path", sorted((PROJECT_ROOT / "grids").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_grid_plans(path):
-    if "kind: fidelity" in path.read_text():
-        from harness import fidelity
-        assert fidelity.load_grid(path).builds
-        return
-    spec = grid.load(path)
+    """Every committed grid plans here, but for an arm this host's ISA tier cannot run (a 4-bit vLLM form on a
+    tier whose kernel library lacks its op): that refusal is the plan's own, one line, and the grid is skipped."""
+    from harness.errors import UserError
+    try:
+        if "kind: fidelity" in path.read_text():
+            from harness import fidelity
+            assert fidelity.load_grid(path).builds
+            return
+        spec = grid.load(path)
+    except UserError as e:
+        if "which lacks it: the arm would fail at its first forward" in str(e):
+            pytest.skip(f"this host's ISA tier cannot run an arm of it: {e}")
+        raise
     runs = schedule.schedule(spec)
     assert runs and len(runs) == len(grid.expand(spec)) * len(spec.arms) * spec.passes
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from harness import stats
+from harness import sequential, stats
 from harness.engines import weight_bytes
 from harness.grid import in_family
 from harness.analysis.series import (_BUILD_IDS, _MODEL_IDS, _WEIGHT_SHAS, Newest, all_series, build_id, by_host, by_key,
@@ -89,11 +89,12 @@ class SeriesAnalysis:
     primary: dict | None
     duplicates: int
     warnings: list[str]
+    looks: tuple[int, ...] = ()  # sequential passes: the looks the grid planned (harness/sequential.py)
 
     @property
     def level(self) -> float:
-        """The level of each interval of the family (Bonferroni)."""
-        return 1 - ALPHA / max(1, self.family_size)
+        """The level of each interval of the family (Bonferroni over its comparisons, and its looks)."""
+        return 1 - ALPHA / (max(1, self.family_size) * sequential.factor(self.looks))
 
 
 ALPHA = stats.ALPHA
@@ -264,10 +265,16 @@ def analyse(arts: list, gates: dict[tuple, Any] | None = None, power: bool = Tru
                             row.fidelity = g if g != "pass" else ("pass" if gb in ("pass", "n/a") else f"{gb} (baseline)")
                 rows.append(row)
     m = sum(1 for r, _, _ in pending if r.role == "family")
+    looks = getattr(first.grid, "looks", None)  # sequential passes: the family's error spent over its looks
     for row, a_vals, b_vals in pending:
-        # exploratory estimates get a plain 95% interval, family members the family's level
+        # exploratory estimates get a plain 95% interval, family members the family's level (read at the last look
+        # a sequential series reached: harness/sequential.py)
+        if row.role == "family" and looks:
+            n = sequential.trim(len(a_vals), looks)
+            a_vals, b_vals = a_vals[:n], b_vals[:n]
         row.pairs = (a_vals, b_vals)
-        row.comparison = stats.compare(a_vals, b_vals, m if row.role == "family" else 1, power)
+        row.comparison = stats.compare(a_vals, b_vals, m * sequential.factor(looks) if row.role == "family" else 1,
+                                       power)
     warnings = sorted({w for r in rows if r.comparison for w in r.comparison.warnings})
     warnings += mixed_builds(ok)
     n_dup = sum(dup.values())
@@ -275,7 +282,7 @@ def analyse(arts: list, gates: dict[tuple, Any] | None = None, power: bool = Tru
         warnings.append(f"{n_dup} (cell, arm, pass) measured more than once (ok): each row says how many; the "
                         "latest run of each is used, the others are kept")
     return SeriesAnalysis(rows=rows, metrics=metric_names, cells=cells, arms=arms, baseline=base, family_size=m,
-                          primary=primary, duplicates=n_dup, warnings=warnings)
+                          primary=primary, duplicates=n_dup, warnings=warnings, looks=tuple(looks or ()))
 
 
 @dataclass
@@ -453,3 +460,15 @@ def speed_of(newest: Newest, host: str, engine: str, form: str, threads: int,
         mine = [a for a in arts if metric in a.metrics]
         return _median_of_runs(mine, metric) if mine else None
     return Speed(grid=grid_name, cell=cell, decode=med("decode_tok_s"), prefill=med("prefill_tok_s"))
+
+
+def answered(arts: list) -> tuple[bool, int, int]:
+    """Sequential passes (harness/sequential.py): whether every declared comparison of one series (its artifacts)
+    has a verdict, better or worse: (answered, how many have, how many there are)."""
+    ok = [a for a in arts if a.status == "ok"]
+    if not ok:
+        return False, 0, 0
+    an = analyse(arts, power=False)
+    fam = [r for r in an.rows if r.role == "family" and r.comparison is not None]
+    done = sum(1 for r in fam if stats.verdict(r.comparison, r.higher_is_better) in ("better", "worse"))
+    return bool(fam) and done == len(fam), done, len(fam)

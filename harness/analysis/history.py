@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from harness import stats
+from harness import sequential, stats
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,13 @@ def histories(arts: list, order: tuple[str, ...], metrics: tuple[str, ...] | Non
     for key, by_arm in per.items():
         present = [v for v in order if by_arm.get(v)]
         pairs += [(key, x, y) for x, y in zip(present, present[1:])]
-    family = max(1, round(len(pairs) * stats.ALPHA / alpha))  # stats.compare's intervals are at 1 - ALPHA/m
+    looks = next((a.grid.looks for a in runs.values() if getattr(a.grid, "looks", None)), None)
+    # stats.compare's intervals are at 1 - ALPHA/m; sequential passes spend the family's error over their looks
+    family = max(1, round(len(pairs) * stats.ALPHA / alpha)) * sequential.factor(looks)
     steps: dict[tuple[str, str], list[Step]] = defaultdict(list)
     for key, x, y in pairs:
         common = sorted(set(per[key][x]) & set(per[key][y]))
+        common = common[:sequential.trim(len(common), looks)]
         c = stats.compare([per[key][y][p] for p in common], [per[key][x][p] for p in common], m_family=family)
         steps[key].append(Step(before=x, after=y, comparison=c, verdict=stats.verdict(c, units[key[0]][1])))
     out = []

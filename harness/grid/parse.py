@@ -4,10 +4,12 @@ workload, size, order, rules, primaries), then the whole spec validated against 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import harness.grid.validate as validate
-from harness import views, workloads
+import harness.grid.versions as versions
+from harness import sequential, views, workloads
 from harness.engines import engine_class, get_engine
 from harness.engines.capabilities import Patches, capability
 from harness.grid.spec import (ARM_FIELDS, AXIS_NAMES, ENV_NAME, HOSTS, MAX_ARMS, MAX_CELLS, MAX_NAME_BYTES,
@@ -144,11 +146,12 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     if not isinstance(description, str):
         raise err(path, "description", f"must be a string (free text), got {short(description)}", "quote it")
     doc, model = _model(path, doc)
+    doc = versions.expand(path, doc)
     arms = _arms(path, doc, model, cpus)
     names = [a.name for a in arms]
     axes = _axes(path, doc)
     fixed, kind_fields = _workload(path, doc, axes, arms)
-    passes = integer(path, "passes", doc.get("passes", 1), hi=1 << 62)  # bounded by the runs they make (MAX_RUNS)
+    passes, looks = sequential.parse(path, doc.get("passes", 1))
     repetitions = integer(path, "repetitions", doc.get("repetitions", 3))
     warmups = integer(path, "warmups", doc.get("warmups", 1), lo=0)
     n_cells = _size(path, axes, len(arms), passes)
@@ -181,6 +184,9 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
                     arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc), primary=primary,
                     passes=passes, repetitions=repetitions, warmups=warmups,
                     order=order, seed=seed, baseline=baseline, timeout_s=float(timeout), **kind_fields)
+    if looks is not None:  # sequential passes: the looks, once the family is known
+        from harness.grid.cells import family
+        spec = replace(spec, looks=sequential.resolve(path, passes, looks, len(family(spec))))
     for kind in workloads.kinds():
         kind.validate(spec)
     validate.engines(spec, cpus)

@@ -101,6 +101,9 @@ class GridSpec:
     # each workload kind's own fields (harness/workloads), by the kind's name: what its `parse` read of `workload:`
     # (serving: the load, less what cells carry, and the latency bounds of goodput); a kind reads its own
     kinds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # passes: {until: verdict, max: N}: the numbers of passes at which the runner looks (harness/sequential.py);
+    # empty: a fixed number of passes
+    looks: tuple[int, ...] = ()
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:

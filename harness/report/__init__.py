@@ -19,7 +19,7 @@ from pathlib import Path
 from harness import analysis, summary, views, workloads
 from harness.analysis import by_host, by_key
 from harness.errors import UserError
-from harness.grid import read_yaml
+from harness.grid import read_expanded
 from harness.plotcache import PLOT_HASHES, write_plots
 from harness.report import inputs
 from harness.report.hosts import check_file, format_hosts, hosts, hosts_rows
@@ -90,7 +90,7 @@ def _render_all(store_dirs: list[str], c: Collected) -> tuple[Pages, list[dict],
     specs = {}  # grid name -> what its file declares the report shows (views.py), read from its newest series' file
     for name, arts in c.runs.items():
         latest = max(arts, key=lambda a: a.timing.end)
-        specs[name] = views.of_series(name, latest.grid.path, read_yaml)
+        specs[name] = views.of_series(name, latest.grid.path, read_expanded)
     ceiling_grids = tuple(sorted(n for n, (spec, _) in specs.items() if spec.ceiling))
     fsections = [fidelity_section(name, host_arts, newest, ceiling_grids)
                  for name, arts in c.fidelity.items() for host_arts in by_host(arts).values()]

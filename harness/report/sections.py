@@ -289,8 +289,11 @@ def _family_text(an: analysis.SeriesAnalysis) -> str:
     scope = ("the declared primaries (" + "; ".join(f"{k}: {v}" for k, v in sorted(an.primary.items())) + ")"
              if an.primary else "every comparison of this series")
     n_expl = sum(1 for r in an.rows if r.role == "exploratory")
-    return (f"{an.family_size} comparison(s) given verdicts, {scope}; each interval at "
-            f"{stats.level_text(an.level)} (Bonferroni: 1 - {analysis.ALPHA}/{an.family_size})"
+    k = len(an.looks)
+    seq = (f"; sequential passes (looks at {', '.join(map(str, an.looks))}), read at the last look reached, each "
+           f"interval at {stats.level_text(an.level)} (Bonferroni: 1 - {analysis.ALPHA}/({an.family_size} x {k} looks))"
+           if k else f"; each interval at {stats.level_text(an.level)} (Bonferroni: 1 - {analysis.ALPHA}/{an.family_size})")
+    return (f"{an.family_size} comparison(s) given verdicts, {scope}{seq}"
             + (f"; {n_expl} exploratory estimate(s) with a plain 95% interval and no verdict" if n_expl else ""))
 
 

@@ -21,16 +21,14 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from functools import lru_cache
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.paths import cache_root, downloads_dir, sha256_file
+from harness.engines.llamacpp import releases
+from harness.paths import cache_root, sha256_file
 from harness.engines.llamacpp.usertree import (PINNED, SKIP_IN_TREE, BuildOption, UserBuild,  # noqa: F401
                                               check_user_build, git_state, tree_sha256)
 
@@ -61,6 +59,9 @@ CMAKE_FLAGS = (
 )
 
 
+# A release's build adds these: llama.cpp of mid-2025 builds libcurl in by default and stops where it is missing
+RELEASE_FLAGS = ("-DLLAMA_CURL=OFF",)
+
 _OFF = ("-DGGML_AVX=OFF", "-DGGML_AVX2=OFF", "-DGGML_FMA=OFF", "-DGGML_F16C=OFF", "-DGGML_BMI2=OFF", "-DGGML_AVX_VNNI=OFF",
         "-DGGML_AVX512=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF")
 
@@ -89,7 +90,7 @@ _VARIANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("llamacpp_
 
 def user_build_of(grid_path: str, opt: "BuildOption | None") -> UserBuild | None:
     """The arm's build, its paths resolved against the grid file's folder."""
-    if opt is None:
+    if opt is None or (opt.version == SDIST_VERSION and not opt.flags):  # the pinned release is the pinned build
         return None
     base = Path(grid_path).resolve().parent
 
@@ -99,7 +100,7 @@ def user_build_of(grid_path: str, opt: "BuildOption | None") -> UserBuild | None
                 return source_dir()
         return (base / Path(p).expanduser()).resolve()
     return UserBuild(source=where(opt.source) if opt.source else None, bin=where(opt.bin) if opt.bin else None,
-                     flags=tuple(opt.flags))
+                     flags=tuple(opt.flags), release=opt.version)
 
 
 _USER: contextvars.ContextVar[UserBuild | None] = contextvars.ContextVar("llamacpp_user_build", default=None)
@@ -167,7 +168,7 @@ def cmake_flags() -> tuple[str, ...]:
         return tuple("-DLLAMA_BUILD_SERVER=ON" if f == "-DLLAMA_BUILD_SERVER=OFF" else f for f in CMAKE_FLAGS) \
             + amx_off()
     if v is None:
-        return CMAKE_FLAGS + amx_off() + extra
+        return CMAKE_FLAGS + amx_off() + (RELEASE_FLAGS if ub is not None and ub.release else ()) + extra
     # amx_off() here too: the variants then compile libllama and common with the native build's very commands, and
     # share those objects through the compiler cache (an ISA-capped ggml leaves AMX out anyway)
     return tuple(f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON") + amx_off() + ISA_VARIANTS[v][0] + extra
@@ -192,6 +193,10 @@ def native_isa() -> str:
 
 def _key_payload() -> dict:
     ub = _USER.get()
+    if ub is not None and ub.release:  # a release: its sdist as the index stated it when fetched, llama-bench only
+        sd = releases.Sdist(ub.release, None)
+        return {"sdist_sha256": releases.expected_sha256(sd) or "not fetched", "release": ub.release,
+                "flags": list(cmake_flags()), "targets": list(VARIANT_TARGETS), "native_isa": native_isa()}
     if ub is not None and ub.source is not None:  # a user's tree: its content, every flag, this CPU
         return {"tree_sha256": tree_sha256(ub.source), "flags": list(cmake_flags()), "targets": list(TARGETS),
                 "native_isa": native_isa()}
@@ -230,67 +235,13 @@ def manifest_path() -> Path:
     return build_dir() / "manifest.json"
 
 
+def pinned_sdist() -> releases.Sdist:
+    return releases.Sdist(SDIST_VERSION, SDIST_SHA256)
+
+
 def ensure_sdist() -> Path:
-    """The pinned sdist in the download cache, fetched with pip if absent, verified by sha256."""
-    dl = downloads_dir()
-    dl.mkdir(parents=True, exist_ok=True)
-    path = dl / SDIST_FILE
-    if path.exists():
-        digest = sha256_file(path)
-        if digest == SDIST_SHA256:
-            return path
-        raise UserError(
-            str(path),
-            f"sha256 {digest[:12]}... does not match the pinned {SDIST_SHA256[:12]}... (truncated or corrupted download)",
-            f"delete {path} and run `make` again",
-        )
-    print(f"[llama.cpp] downloading {SDIST_NAME}=={SDIST_VERSION} sdist", file=sys.stderr)
-    with tempfile.TemporaryDirectory(dir=dl) as tmp:
-        got = _fetch_from_index(Path(tmp))
-        # else pip: it prepares the sdist's metadata in an isolated build env (scikit-build-core) first, which takes
-        # most of a minute
-        r = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp],
-            capture_output=True, text=True,
-        ) if got is None else None
-        got = Path(tmp) / SDIST_FILE
-        if r is not None and r.returncode != 0 and not got.exists():
-            last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-            raise UserError(
-                f"pip download {SDIST_NAME}=={SDIST_VERSION}",
-                f"failed: {last}",
-                "check the network to PyPI, or place the sdist in " + str(dl),
-            )
-        digest = sha256_file(got)
-        if digest != SDIST_SHA256:
-            raise UserError(str(got), f"downloaded sdist sha256 {digest[:12]}... is not the pinned one", "retry `make`")
-        os.replace(got, path)
-    return path
-
-
-def index_url() -> str:
-    """The package index pip uses here (PIP_INDEX_URL, else PyPI's)."""
-    return (os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
-
-
-def _fetch_from_index(tmp: Path) -> Path | None:
-    """The pinned sdist as a plain download, its link read from the index's simple API (PEP 691 JSON); the caller
-    checks its sha256. None where the index does not answer so (pip then fetches it)."""
-    page_url = f"{index_url()}/{SDIST_NAME}/"
-    try:
-        req = urllib.request.Request(page_url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            page = json.load(r)
-        link = next(urllib.parse.urljoin(page_url, f["url"]) for f in page["files"] if f["filename"] == SDIST_FILE)
-        got = tmp / SDIST_FILE
-        with urllib.request.urlopen(link, timeout=180) as r, open(got, "wb") as out:
-            shutil.copyfileobj(r, out)
-        return got
-    except (OSError, ValueError, KeyError, TypeError, StopIteration):
-        for f in tmp.iterdir():
-            f.unlink()
-        return None
+    """The pinned sdist in the download cache, fetched if absent, verified by sha256 (releases.py)."""
+    return releases.ensure(pinned_sdist())
 
 
 def _require_tool(name: str, fix: str) -> str:
@@ -400,6 +351,11 @@ def build(rebuild: bool = False) -> dict:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not cxx:
         raise UserError("c++", "no C++ compiler found", "apt-get install g++")
+    if ub is not None and ub.release:
+        releases.ensure(releases.Sdist(ub.release, None))  # first: the build's key names its sha256
+        out = build_dir()
+        if out.exists() and manifest_path().exists() and not rebuild:
+            return load_manifest(verify=True)
     sdist = ensure_sdist() if ub is None else None
     root = llamacpp_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -407,14 +363,11 @@ def build(rebuild: bool = False) -> dict:
     log = stage / "build.log"
     t0 = time.time()
     try:
-        if ub is not None:
-            commit, commit_full, src, source = _copy_user_tree(ub, stage)
-        else:
-            commit, commit_full, src = _extract_sdist(sdist, stage)
-            source = {"package": SDIST_NAME, "version": SDIST_VERSION, "sdist": SDIST_FILE, "sdist_sha256": SDIST_SHA256}
+        commit, commit_full, src, source = _source(ub, sdist, stage)
         bdir = stage / "build"
         flags = list(cmake_flags()) + [f"-DLLAMA_BUILD_COMMIT={commit}", "-DLLAMA_BUILD_NUMBER=0"]
-        targets = SERVER_TARGETS if _SERVER.get() else TARGETS if _VARIANT.get() is None else VARIANT_TARGETS
+        targets = SERVER_TARGETS if _SERVER.get() else VARIANT_TARGETS if _VARIANT.get() is not None or (
+            ub is not None and ub.release) else TARGETS
         launch, env, launcher = compiler_cache(stage)
         print(f"[llama.cpp] configuring {commit} in {stage}", file=sys.stderr)
         _logged([cmake, "-S", str(src), "-B", str(bdir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}", *flags,
@@ -458,6 +411,20 @@ def build(rebuild: bool = False) -> dict:
         raise
     print(f"[llama.cpp] built in {manifest['build_seconds']} s -> {out}", file=sys.stderr)
     return manifest
+
+
+def _source(ub: UserBuild | None, sdist: Path | None, stage: Path) -> tuple[str, str, Path, dict]:
+    """The tree to build, under the stage: (commit label, full commit, source dir, the manifest's source record)."""
+    if ub is not None and ub.release:
+        sd = releases.Sdist(ub.release, None)
+        commit, commit_full, src = releases.extract(sd, releases.ensure(sd), stage)
+        return commit, commit_full, src, {"package": SDIST_NAME, "version": ub.release, "sdist": sd.file,
+                                          "sdist_sha256": releases.expected_sha256(sd), "release": True}
+    if ub is not None:
+        return _copy_user_tree(ub, stage)
+    commit, commit_full, src = releases.extract(pinned_sdist(), sdist, stage, EXPECTED_COMMIT)
+    return commit, commit_full, src, {"package": SDIST_NAME, "version": SDIST_VERSION, "sdist": SDIST_FILE,
+                                      "sdist_sha256": SDIST_SHA256}
 
 
 def _keep_outputs(bdir: Path, stage: Path, out: Path, targets: tuple[str, ...]) -> tuple[dict, list[str]]:
@@ -527,24 +494,6 @@ def _logged(cmd: list[str], log: Path, env: dict | None = None) -> None:
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
-def _extract_sdist(sdist: Path, stage: Path) -> tuple[str, str, Path]:
-    """The llama.cpp vendored in the pinned sdist, checked to be the pinned commit: (commit, full, source dir)."""
-    with tarfile.open(sdist) as tf:
-        members = [m for m in tf.getmembers() if "/vendor/llama.cpp/" in m.name or m.name.endswith(
-            "/.git/modules/vendor/llama.cpp/HEAD")]
-        tf.extractall(stage / "x", members=members, filter="data")
-    top = stage / "x" / f"llama_cpp_python-{SDIST_VERSION}"
-    commit_full = (top / ".git/modules/vendor/llama.cpp/HEAD").read_text().strip()
-    commit = commit_full[:7]
-    if commit != EXPECTED_COMMIT:
-        raise UserError(str(sdist), f"vendored llama.cpp commit {commit} is not the pinned {EXPECTED_COMMIT}",
-                        "check SDIST_SHA256 in harness/engines/llamacpp/build.py")
-    src = stage / "src"
-    os.replace(top / "vendor" / "llama.cpp", src)
-    shutil.rmtree(stage / "x")
-    return commit, commit_full, src
-
-
 def _copy_user_tree(ub: UserBuild, stage: Path) -> tuple[str, str, Path, dict]:
     """A copy of the user's tree (what was hashed is what is built): (commit label, full, source dir, record)."""
     check_user_build(ub, "build.source")
@@ -573,6 +522,8 @@ def engine_block(name: str, m: dict | None = None) -> dict:
     src = m["source"]
     if "package" in src:
         version, origin = f"{src['package']}=={src['version']} (vendored)", {"sdist_sha256": src["sdist_sha256"]}
+        if src.get("release"):  # a release a grid named, not the pinned build
+            origin["release"] = src["version"]
     elif "prebuilt" in src:
         version = f"prebuilt: {src['version_output']}"
         origin = {"prebuilt": src["prebuilt"], "built_by_harness": False,

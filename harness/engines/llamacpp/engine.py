@@ -175,6 +175,10 @@ class LlamaCpp(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks):
                 raise UserError(path, f"arms[{arm.name}].options.build.bin: the llama.cpp engine runs edge-bench, "
                                 "which links against a build's static libraries; prebuilt binaries come without them",
                                 "use engine llama-bench with build.bin, or build: {source: DIR}")
+            if ub.release is not None:
+                raise UserError(path, f"arms[{arm.name}].options.build.sdist: the llama.cpp engine runs edge-bench, "
+                                "which is written against the pinned llama.cpp's API; a release's is another",
+                                "use engine llama-bench for a release (it needs none of the harness's native code)")
         where, ctxs = workload.get("context_len", ("workload.context_len", set()))
         bad = sorted(c for c in ctxs if c % CTX_PAD)
         if bad:

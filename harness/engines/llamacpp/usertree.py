@@ -18,13 +18,17 @@ from harness.errors import UserError
 
 @dataclass(frozen=True)
 class UserBuild:
-    """A user's llama.cpp: a source tree to build (with extra cmake flags), or a folder of prebuilt binaries."""
+    """A user's llama.cpp: a source tree to build (with extra cmake flags), a folder of prebuilt binaries, or a
+    llama-cpp-python release whose vendored llama.cpp is built (releases.py)."""
     source: Path | None = None
     bin: Path | None = None
     flags: tuple[str, ...] = ()
+    release: str | None = None  # a llama-cpp-python version
 
     @property
     def label(self) -> str:
+        if self.release:
+            return f"llama-cpp-python=={self.release}"
         return f"source {self.source}" + (f" flags {' '.join(self.flags)}" if self.flags else "") if self.source \
             else f"bin {self.bin}"
 
@@ -33,18 +37,32 @@ PINNED = "pinned"  # `source: pinned`: the pinned build's own tree, so that a gr
 
 
 class BuildOption(BaseModel):
-    """An arm's `options.build`: exactly one of source (a llama.cpp tree, or `pinned`) or bin (prebuilt
-    binaries); paths relative to the grid file's folder, `~` expanded; flags: extra cmake flags for a source
-    build."""
+    """An arm's `options.build`: exactly one of source (a llama.cpp tree, or `pinned`), bin (prebuilt binaries)
+    or sdist (`llama-cpp-python` with its `version`: the release's vendored llama.cpp; a grid's `versions: [...]`
+    becomes one arm per version, harness/grid/versions.py); paths relative to the grid file's folder, `~`
+    expanded; flags: extra cmake flags for a build from source."""
     model_config = ConfigDict(extra="forbid", frozen=True)
     source: str | None = None
     bin: str | None = None
+    sdist: str | None = None
+    version: str | None = None
     flags: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _one(self) -> "BuildOption":
-        if (self.source is None) == (self.bin is None):
-            raise ValueError("give exactly one of source: DIR and bin: DIR")
+        if sum(x is not None for x in (self.source, self.bin, self.sdist)) != 1:
+            raise ValueError("give exactly one of source: DIR, bin: DIR and sdist: llama-cpp-python")
+        if self.sdist is not None and self.sdist != "llama-cpp-python":
+            raise ValueError("sdist: the releases built are llama-cpp-python's (each vendors one llama.cpp commit)")
+        if (self.sdist is None) != (self.version is None):
+            raise ValueError("version goes with sdist: give both (or versions: [...], one arm each)")
+        if self.version is not None:
+            from harness.engines.llamacpp.releases import check_version
+            from harness.errors import UserError
+            try:
+                check_version("version", self.version)
+            except UserError as e:
+                raise ValueError(str(e)) from None
         if self.bin is not None and self.flags:
             raise ValueError("flags apply to a source build only")
         if any(not f.startswith("-D") for f in self.flags):
@@ -104,6 +122,8 @@ def git_state(root: Path) -> dict:
 
 def check_user_build(ub: UserBuild, where: str) -> None:
     """A user build's folder is what it says: refused in one line otherwise."""
+    if ub.release is not None:  # a release: its sdist is fetched and checked when it is built
+        return
     if ub.source is not None:
         if not ub.source.is_dir():
             raise UserError(where, f"build.source: {ub.source} is not a directory", "give a llama.cpp source tree")

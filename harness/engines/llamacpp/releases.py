@@ -1,0 +1,165 @@
+"""llama-cpp-python's sdists, each of which vendors one llama.cpp commit: the pinned one (`make`'s build) and any
+release a grid names (`build: {sdist: llama-cpp-python, versions: [...]}`, a history over releases).
+
+An sdist is fetched as a plain file, its link and sha256 read from the package index's JSON simple page (PEP 691;
+pip download would build its metadata first, most of a minute), pip only where the index does not answer so. The
+pinned sdist is checked against the sha256 in build.py; a release against the sha256 the index gave when it was
+first fetched (kept beside it in the download cache), so a truncated or altered file is refused either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import UserError
+from harness.paths import downloads_dir, sha256_file
+
+PACKAGE = "llama-cpp-python"
+VERSION = re.compile(r"\d{1,4}(\.\d{1,4}){1,3}")  # a release as PyPI names llama-cpp-python's: 0.3.20
+# Every release from here on is an sdist with llama.cpp vendored under vendor/llama.cpp and its commit in the
+# submodule's HEAD; older ones are not.
+OLDEST = (0, 2, 0)
+
+
+@dataclass(frozen=True)
+class Sdist:
+    version: str
+    sha256: str | None  # None: a release not fetched yet (the index's answer fills it in)
+
+    @property
+    def file(self) -> str:
+        return f"llama_cpp_python-{self.version}.tar.gz"
+
+
+def check_version(where: str, v: object) -> str:
+    """A release's version string, or a one-line refusal."""
+    if not isinstance(v, str) or not VERSION.fullmatch(v) or tuple(int(x) for x in v.split(".")) < OLDEST:
+        raise UserError(where, f"{str(v)[:40]!r} is not a {PACKAGE} release this harness builds",
+                        f"give a version such as 0.3.20 (quoted), at least {'.'.join(map(str, OLDEST))}")
+    return v
+
+
+def index_url() -> str:
+    """The package index pip uses here (PIP_INDEX_URL, else PyPI's)."""
+    return (os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
+
+
+def _index_entry(file: str) -> tuple[str, str | None] | None:
+    """(the file's link, its sha256 as the index states it) from the index's JSON simple page; None where the index
+    does not answer so."""
+    page_url = f"{index_url()}/{PACKAGE}/"
+    try:
+        req = urllib.request.Request(page_url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            page = json.load(r)
+        f = next(f for f in page["files"] if f["filename"] == file)
+        digest = (f.get("hashes") or {}).get("sha256")
+        return urllib.parse.urljoin(page_url, f["url"]), digest if isinstance(digest, str) else None
+    except (OSError, ValueError, KeyError, TypeError, StopIteration, AttributeError):
+        return None
+
+
+def _fetch(link: str, to: Path) -> bool:
+    try:
+        with urllib.request.urlopen(link, timeout=180) as r, open(to, "wb") as out:
+            shutil.copyfileobj(r, out)
+        return True
+    except OSError:
+        to.unlink(missing_ok=True)
+        return False
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def expected_sha256(sd: Sdist) -> str | None:
+    """The sha256 a cached sdist must have: the pinned one, or what the index said when the release was fetched."""
+    if sd.sha256:
+        return sd.sha256
+    side = _sidecar(downloads_dir() / sd.file)
+    try:
+        got = side.read_text().strip()
+    except OSError:
+        return None
+    return got if re.fullmatch(r"[0-9a-f]{64}", got) else None
+
+
+def ensure(sd: Sdist) -> Path:
+    """The sdist in the download cache, fetched if absent, verified by sha256."""
+    dl = downloads_dir()
+    dl.mkdir(parents=True, exist_ok=True)
+    path = dl / sd.file
+    want = expected_sha256(sd)
+    if path.exists():
+        digest = sha256_file(path)
+        if want is not None and digest == want:
+            return path
+        raise UserError(str(path), f"sha256 {digest[:12]}... does not match the "
+                        f"{'pinned' if sd.sha256 else 'index'}'s {str(want)[:12]}... (truncated or corrupted download)",
+                        f"delete {path} and run `make` again")
+    print(f"[llama.cpp] downloading {PACKAGE}=={sd.version} sdist", file=sys.stderr)
+    with tempfile.TemporaryDirectory(dir=dl) as tmp:
+        got = Path(tmp) / sd.file
+        entry = _index_entry(sd.file)
+        stated = entry[1] if entry else None
+        if entry is None or not _fetch(entry[0], got):
+            # pip: it prepares the sdist's metadata in an isolated build env (scikit-build-core) first
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                                f"{PACKAGE}=={sd.version}", "-d", tmp], capture_output=True, text=True)
+            if r.returncode != 0 and not got.exists():
+                last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+                raise UserError(f"pip download {PACKAGE}=={sd.version}", f"failed: {last}",
+                                "check the network to PyPI, or place the sdist in " + str(dl))
+        digest = sha256_file(got)
+        want = sd.sha256 or stated
+        if want is None:
+            raise UserError(f"{index_url()}/{PACKAGE}/", f"states no sha256 for {sd.file}",
+                            "use an index that states the files' hashes (PyPI does)")
+        if digest != want:
+            raise UserError(str(got), f"downloaded sdist sha256 {digest[:12]}... is not the "
+                            f"{'pinned' if sd.sha256 else 'index'}'s {want[:12]}...", "retry `make`")
+        if not sd.sha256:
+            _sidecar(path).write_text(want + "\n")
+        os.replace(got, path)
+    return path
+
+
+def extract(sd: Sdist, sdist: Path, stage: Path, expected_commit: str | None = None) -> tuple[str, str, Path]:
+    """The llama.cpp vendored in the sdist, under stage/src: (commit, full commit, source dir); where a commit is
+    expected (the pinned sdist), checked to be it."""
+    top_name = f"llama_cpp_python-{sd.version}"
+    head_name = f"{top_name}/.git/modules/vendor/llama.cpp/HEAD"
+    with tarfile.open(sdist) as tf:
+        members = [m for m in tf.getmembers() if m.name.startswith(f"{top_name}/vendor/llama.cpp/")
+                   or m.name == head_name]
+        if not any(m.name == head_name for m in members):
+            raise UserError(str(sdist), "holds no vendored llama.cpp commit (.git/modules/vendor/llama.cpp/HEAD)",
+                            f"give a {PACKAGE} release that vendors llama.cpp (0.2.0 or later)")
+        tf.extractall(stage / "x", members=members, filter="data")
+    top = stage / "x" / top_name
+    commit_full = (top / ".git/modules/vendor/llama.cpp/HEAD").read_text().strip()
+    if not re.fullmatch(r"[0-9a-f]{40}", commit_full):
+        raise UserError(str(sdist), f"vendored llama.cpp HEAD {commit_full[:50]!r} is not a commit",
+                        f"give a {PACKAGE} release that vendors llama.cpp at a commit")
+    commit = commit_full[:7]
+    if expected_commit is not None and commit != expected_commit:
+        raise UserError(str(sdist), f"vendored llama.cpp commit {commit} is not the pinned {expected_commit}",
+                        "check SDIST_SHA256 in harness/engines/llamacpp/build.py")
+    if not (top / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+        raise UserError(str(sdist), "its vendor/llama.cpp has no CMakeLists.txt", f"give a {PACKAGE} release sdist")
+    src = stage / "src"
+    os.replace(top / "vendor" / "llama.cpp", src)
+    shutil.rmtree(stage / "x")
+    return commit, commit_full, src

@@ -1,0 +1,156 @@
+"""Versions as an axis (harness/grid/versions.py) and llama-cpp-python releases as builds (engines/llamacpp/
+releases.py): a versioned arm becomes one arm per release, a history; each release's sdist comes from the index with
+the sha256 the index states, kept and checked; its vendored llama.cpp is what is built. A release's real build takes
+minutes: it is the published series grids/history-llamacpp.yaml, not a test."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from harness.engines.llamacpp import build as llamacpp_build
+from harness.engines.llamacpp import releases
+from harness.errors import UserError
+from harness.grid import load
+
+GRID = """
+name: hist
+model: tiny-llama
+arms:
+  - {{name: lb, engine: {engine}, form: gguf-f32, options: {{build: {build}}}}}
+{extra}
+workload: {{prompt_len: 8, context_len: 64, gen_len: 4}}
+threads: 1
+passes: 2
+repetitions: 1
+warmups: 0
+"""
+
+
+def _grid(tmp_path: Path, build: str, engine: str = "llama-bench", extra: str = "") -> Path:
+    g = tmp_path / "hist.yaml"
+    g.write_text(GRID.format(build=build, engine=engine, extra=extra))
+    return g
+
+
+def test_a_versioned_arm_is_one_arm_per_release_in_order_and_a_history(tmp_path):
+    spec = load(_grid(tmp_path, "{sdist: llama-cpp-python, versions: ['0.3.9', '0.3.20', '0.3.36']}",
+                      extra="baseline: lb\nprimary: {arms: [lb]}"))
+    assert [a.name for a in spec.arms] == ["lb-0.3.9", "lb-0.3.20", "lb-0.3.36"]
+    assert [a.options["build"] for a in spec.arms] == [
+        {"sdist": "llama-cpp-python", "version": v} for v in ("0.3.9", "0.3.20", "0.3.36")]
+    assert spec.baseline == "lb-0.3.9" and spec.primary["arms"] == ["lb-0.3.20", "lb-0.3.36"]
+    from harness import views
+    from harness.grid import read_expanded
+    rs, warning = views.of_series("hist", str(tmp_path / "hist.yaml"), read_expanded)
+    assert rs.history == ("lb-0.3.9", "lb-0.3.20", "lb-0.3.36") and warning == ""
+
+
+@pytest.mark.parametrize("build, engine, says", [
+    ("{sdist: llama-cpp-python, versions: [0.3, 0.4]}", "llama-bench", "quoted strings"),
+    ("{sdist: llama-cpp-python, versions: ['0.3.20']}", "llama-bench", "must list 2 to"),
+    ("{sdist: llama-cpp-python, versions: ['0.3.20', '0.3.20']}", "llama-bench", "distinct"),
+    ("{sdist: llama-cpp-python, version: '0.3.20', versions: ['0.3.20', '0.3.21']}", "llama-bench", "both version"),
+    ("{sdist: llama-cpp-python, versions: ['0.3.x', '0.3.21']}", "llama-bench", "is not a llama-cpp-python release"),
+    ("{sdist: llama-cpp-python, versions: ['0.1.9', '0.3.21']}", "llama-bench", "at least 0.2.0"),
+    ("{sdist: vllm, versions: ['0.3.20', '0.3.21']}", "llama-bench", "releases built are llama-cpp-python's"),
+    ("{sdist: llama-cpp-python}", "llama-bench", "version goes with sdist"),
+    ("{sdist: llama-cpp-python, source: x, version: '0.3.20'}", "llama-bench", "exactly one of source"),
+    ("{sdist: llama-cpp-python, versions: ['0.3.20', '0.3.21']}", "llama.cpp", "use engine llama-bench for a release"),
+])
+def test_a_bad_versions_axis_is_one_line_exit_2(tmp_path, cli, build, engine, says):
+    rc, _, err = cli("plan", _grid(tmp_path, build, engine))
+    assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert "hist.yaml" in err
+
+
+def _sdist(version: str, head: str | None = "4227c9be4268ac844921b90f31595f81236bd317", cmake: bool = True) -> bytes:
+    buf = io.BytesIO()
+    top = f"llama_cpp_python-{version}"
+    files = {f"{top}/pyproject.toml": b"[project]\n"}
+    if head is not None:
+        files[f"{top}/.git/modules/vendor/llama.cpp/HEAD"] = head.encode() + b"\n"
+    if cmake:
+        files[f"{top}/vendor/llama.cpp/CMakeLists.txt"] = b"project(llama)\n"
+    files[f"{top}/vendor/llama.cpp/ggml/x.c"] = b"int x;\n"
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in files.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_releases_vendored_commit_is_what_is_extracted(tmp_path):
+    sd = releases.Sdist("0.3.2", None)
+    p = tmp_path / sd.file
+    p.write_bytes(_sdist("0.3.2"))
+    commit, full, src = releases.extract(sd, p, tmp_path / "stage")
+    assert (commit, full) == ("4227c9b", "4227c9be4268ac844921b90f31595f81236bd317")
+    assert (src / "CMakeLists.txt").read_text() == "project(llama)\n" and (src / "ggml" / "x.c").is_file()
+    with pytest.raises(UserError, match="is not the pinned 0c1e570"):
+        releases.extract(sd, p, tmp_path / "stage2", "0c1e570")
+    for bad, says in ((_sdist("0.3.2", head=None), "no vendored llama.cpp commit"),
+                      (_sdist("0.3.2", head="main"), "is not a commit"),
+                      (_sdist("0.3.2", cmake=False), "no CMakeLists.txt")):
+        p.write_bytes(bad)
+        with pytest.raises(UserError, match=says):
+            releases.extract(sd, p, tmp_path / f"stage-{says[:5]}")
+
+
+def _index(files: dict[str, bytes], sha: dict[str, str | None]):
+    pages = {"/simple/llama-cpp-python/": json.dumps({"files": [
+        {"filename": n, "url": f"../../files/{n}", **({"hashes": {"sha256": sha[n]}} if sha.get(n) else {})}
+        for n in files]}).encode()} | {f"/files/{n}": b for n, b in files.items()}
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            data = pages.get(self.path)
+            self.send_response(200 if data else 404)
+            self.end_headers()
+            self.wfile.write(data or b"")
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_a_release_is_fetched_with_the_sha256_the_index_states_and_checked_after(monkeypatch, tmp_path):
+    good, other = _sdist("0.3.20"), _sdist("0.3.21")
+    files = {"llama_cpp_python-0.3.20.tar.gz": good, "llama_cpp_python-0.3.21.tar.gz": other,
+             "llama_cpp_python-0.3.22.tar.gz": good}
+    sha = {"llama_cpp_python-0.3.20.tar.gz": hashlib.sha256(good).hexdigest(),
+           "llama_cpp_python-0.3.21.tar.gz": hashlib.sha256(good).hexdigest(),  # the index says another file's
+           "llama_cpp_python-0.3.22.tar.gz": None}
+    srv = _index(files, sha)
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path))
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{srv.server_port}/simple/")
+    try:
+        sd = releases.Sdist("0.3.20", None)
+        got = releases.ensure(sd)
+        assert got.read_bytes() == good and releases.expected_sha256(sd) == sha[sd.file]
+        with llamacpp_build.user_build(llamacpp_build.UserBuild(release="0.3.20")):
+            key20 = llamacpp_build._key_payload()
+        assert key20["sdist_sha256"] == sha[sd.file] and "-DLLAMA_CURL=OFF" in key20["flags"]
+        assert key20["targets"] == ["llama-bench"]
+        assert "-DLLAMA_CURL=OFF" not in llamacpp_build._key_payload()["flags"]  # the pinned build's key is as it was
+        got.write_bytes(good[:100])  # truncated in the cache
+        with pytest.raises(UserError, match="truncated or corrupted"):
+            releases.ensure(sd)
+        with pytest.raises(UserError, match="is not the index's"):
+            releases.ensure(releases.Sdist("0.3.21", None))
+        with pytest.raises(UserError, match="states no sha256"):
+            releases.ensure(releases.Sdist("0.3.22", None))
+        assert not (tmp_path / "dl" / "llama_cpp_python-0.3.21.tar.gz").exists()
+        assert not (tmp_path / "dl" / "llama_cpp_python-0.3.22.tar.gz").exists()
+    finally:
+        srv.shutdown()
