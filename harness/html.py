@@ -3,8 +3,9 @@ page per grid, converted by markdown-it), every table sortable by a click on its
 interactive by plotly.js from the same section data the PNGs are drawn from. No server and no network at view
 time: one copy of plotly.js (from the plotly wheel) beside the pages, the rest inline.
 
-A page records what it ran into: `data-plots` on <body> counts the plots drawn with data, `data-errors` the
-script errors (tests open the pages in headless Chromium and read both).
+A page records what it ran into: `data-plots` on <body> counts the plots drawn with data, `data-labels-missing`
+the category labels (a forest plot's rows) that a plot left undrawn, `data-errors` the script errors (tests open
+the pages in headless Chromium and read them).
 """
 
 from __future__ import annotations
@@ -47,11 +48,14 @@ var body=tb.tBodies[0];var rows=Array.from(body.rows);rows.sort(function(a,b){
 var x=a.cells[i]?a.cells[i].textContent:'',y=b.cells[i]?b.cells[i].textContent:'';var kx=__key(x),ky=__key(y);
 var c=(kx!==null&&ky!==null)?kx-ky:x.localeCompare(y);return dir==='asc'?c:-c;});
 rows.forEach(function(r){body.appendChild(r);});});});});
-var plots=document.querySelectorAll('div.plot');var drawn=0;
+var plots=document.querySelectorAll('div.plot');var drawn=0;var missing=0;
 plots.forEach(function(d){var f=JSON.parse(document.getElementById(d.id+'-data').textContent);
 Plotly.newPlot(d,f.data,f.layout,{responsive:true,displaylogo:false}).then(function(){
 if(f.data.some(function(t){return (t.x||[]).length>0||(t.y||[]).length>0;}))drawn++;
-document.body.dataset.plots=drawn;});});
+var want={},got={};f.data.forEach(function(t){(t.y||[]).forEach(function(v){if(typeof v==='string')want[v]=1;});});
+d.querySelectorAll('.ytick text').forEach(function(e){got[e.textContent]=1;});
+missing+=Object.keys(want).filter(function(k){return !got[k];}).length;
+document.body.dataset.labelsMissing=missing;document.body.dataset.plots=drawn;});});
 document.body.dataset.plots=drawn;document.body.dataset.plotsExpected=plots.length;
 document.querySelectorAll('details').forEach(function(d){d.addEventListener('toggle',function(){
 if(d.open)d.querySelectorAll('div.plot').forEach(function(p){Plotly.Plots.resize(p);});});});});
@@ -78,7 +82,7 @@ def ratio_figure(sec: dict) -> dict:
                       "marker": {"color": colors},
                       "error_x": {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo}}],
             "layout": {"title": {"text": _title(sec, "ratio to the baseline, interval at the family's level")},
-                       "height": 120 + 24 * len(labels),  # every label drawn: a row of its own
+                       "height": 180 + 26 * len(labels),  # every label drawn: a row of its own (tests/test_html.py)
                        "xaxis": {"title": {"text": f"ratio to '{sec['baseline']}'"}},
                        "yaxis": {"autorange": "reversed", "automargin": True},
                        "shapes": [{"type": "line", "x0": 1, "x1": 1, "yref": "paper", "y0": 0, "y1": 1,

@@ -12,7 +12,7 @@ import pytest
 
 from harness.paths import PROJECT_ROOT
 
-GRIDS = ("quickstart-fleet", "decode-threads")  # a ratio chart, a thread sweep (two hosts' series)
+GRIDS = ("quickstart-fleet", "decode-threads", "four-bit")  # a ratio chart, a thread sweep (two hosts' series), 30+ rows
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,7 @@ def test_pages_render_in_headless_chromium(rendered, page):
     assert attrs.get("errors") == "0", attrs
     expected = len(re.findall(r'class="plot"', path.read_text()))
     assert attrs.get("plots") == str(expected), attrs  # every plot drawn, each with data
+    assert attrs.get("labels-missing", "0") == "0", attrs  # every row of every forest plot has its label drawn
     if page != "index":
         assert expected >= 1
     shot = rendered / f"{page}.png"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -473,6 +474,15 @@ def history_block(order: tuple[str, ...], series: list[RunArtifact]) -> dict | N
     if not hs:
         return None
     tables, found, noisy, n_steps, level = [], [], 0, 0, ""
+    commits: dict[str, list[str]] = {}  # each version's build commit(s): what changed between two of them
+    for a in series:
+        if a.grid.arm in order and re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", a.engine.build_commit or ""):
+            commits.setdefault(a.grid.arm, [])
+            if a.engine.build_commit not in commits[a.grid.arm]:
+                commits[a.grid.arm].append(a.engine.build_commit)
+
+    def named(v: str) -> str:
+        return f"{v} ({', '.join(commits[v])})" if commits.get(v) else v
     for h in hs:
         step_of = {s.after: s for s in h.steps}
         rows = []
@@ -489,7 +499,7 @@ def history_block(order: tuple[str, ...], series: list[RunArtifact]) -> dict | N
                 row |= {"step": _ratio_text(c), "verdict": _short_verdict(s.verdict), "step_value": c.ratio,
                         "found": s.found}
                 if s.found:
-                    found.append(f"{h.metric} at {h.cell.replace('batch=1,', '')}: {s.before} to {s.after}, "
+                    found.append(f"{h.metric} at {h.cell.replace('batch=1,', '')}: {named(s.before)} to {named(s.after)}, "
                                  f"{_ratio_text(c)}, {s.verdict}")
                 elif not c.has_interval:
                     noisy += 1
@@ -497,7 +507,7 @@ def history_block(order: tuple[str, ...], series: list[RunArtifact]) -> dict | N
         tables.append({"metric": h.metric, "unit": h.unit, "cell": h.cell.replace("batch=1,", ""),
                        "better": "higher" if h.higher_is_better else "lower", "rows": rows})
     return {"order": list(order), "tables": tables, "found": found, "noisy": noisy, "n_steps": n_steps,
-            "level": level}
+            "level": level, "builds": [named(v) for v in order if commits.get(v)]}
 
 
 def _scale(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | None:
