@@ -62,7 +62,7 @@ def test_power_figure_grows_with_noise_and_shrinks_with_passes():
 def test_methodology_coverage_table_is_what_the_simulation_gives():
     text = (PROJECT_ROOT / "docs" / "methodology.md").read_text()
     block = text[text.index(coverage.BEGIN):text.index(coverage.END) + len(coverage.END)]
-    assert block == coverage.markdown(coverage.coverage_table(), coverage.aa_table()), \
+    assert block == coverage.markdown(coverage.coverage_table(), coverage.aa_table(), coverage.sequential_table()), \
         "run: python -m harness.coverage --write docs/methodology.md"
 
 
