@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness import stats
 from harness.errors import UserError
 
 UNTIL = ("verdict",)
@@ -39,6 +38,7 @@ def default_looks(m: int, last: int) -> list[int] | None:
     """The geometric looks for a family of m comparisons: the first at the fewest passes that can give a verdict
     at 1 - alpha/(m K), K the number of looks (the smallest K whose schedule has at most K looks: the first look can
     then answer at the level it is read at); None where `last` passes cannot give one even with a single look."""
+    from harness import stats  # numpy: not imported with the grid reader (make's early steps run without it)
     if stats.passes_needed(m) > last:
         return None
     for k in range(1, MAX_LOOKS + 1):
@@ -77,6 +77,7 @@ def parse(path: str, raw: Any) -> tuple[int, tuple[int, ...] | None]:
 
 def resolve(path: str, last: int, given: tuple[int, ...], m: int) -> tuple[int, ...]:
     """The looks of a sequential grid whose family has m comparisons: refused where none can give a verdict."""
+    from harness import stats
     if m == 0:
         raise UserError(path, "passes.until: a sequential grid stops on its comparisons' verdicts and has none",
                         "give the grid a baseline and another arm, or passes: N")

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -11,6 +12,7 @@ from harness import models
 from harness.engines.llamacpp import build as llamacpp_build
 from harness.engines.llamacpp import tools as llamacpp_tools
 from harness.errors import UserError
+from harness.paths import PROJECT_ROOT
 
 
 def test_llamacpp_manifest():
@@ -222,3 +224,14 @@ def test_tools_compile_side_by_side_each_for_the_build_in_use(monkeypatch):
     with llamacpp_build.variant("avx2"):
         assert llamacpp_tools.tools(("edge-bench", "edge-fidelity")) == ["edge-bench", "edge-fidelity"]
     assert sorted(seen) == [("edge-bench", "avx2"), ("edge-fidelity", "avx2")]
+
+
+def test_the_steps_make_runs_before_the_dependencies_import_without_them():
+    """`make` builds llama.cpp and the environments of their own while pip installs the rest of the venv: those two
+    commands run on the project's first install, without numpy (a module they import that imports it stops the
+    set-up with ModuleNotFoundError)."""
+    code = ("import sys\nfor m in ('numpy', 'pandas', 'scipy', 'pyarrow', 'torch'):\n    sys.modules[m] = None\n"
+            "from harness import cli, envs\nfrom harness.engines import get_engine\n"
+            "get_engine('llama.cpp'); get_engine('llama-bench'); import harness.grid\nprint('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-1500:]
