@@ -154,3 +154,38 @@ def test_a_release_is_fetched_with_the_sha256_the_index_states_and_checked_after
         assert not (tmp_path / "dl" / "llama_cpp_python-0.3.22.tar.gz").exists()
     finally:
         srv.shutdown()
+
+
+def test_a_baseline_that_is_not_a_name_is_one_line_beside_a_versioned_arm(tmp_path, cli):
+    rc, _, err = cli("plan", _grid(tmp_path, "{sdist: llama-cpp-python, versions: ['0.3.20', '0.3.21']}",
+                                   extra="baseline: [lb]"))
+    assert rc == 2 and "baseline" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_fidelity_build_of_a_release_is_refused_and_the_pinned_release_is_the_pinned_sdist():
+    from harness.engines import get_engine
+    for v in ("0.3.20", llamacpp_build.SDIST_VERSION):
+        with pytest.raises(UserError, match="fidelity tool is written against the pinned"):
+            get_engine("llama.cpp").fidelity_check_options("g.yaml", "builds[0].options",
+                                                           {"build": {"sdist": "llama-cpp-python", "version": v}})
+    assert llamacpp_build.release_sdist(llamacpp_build.SDIST_VERSION).sha256 == llamacpp_build.SDIST_SHA256
+    assert llamacpp_build.release_sdist("0.3.20").sha256 is None
+
+
+def test_a_release_placed_by_hand_is_checked_against_the_index(monkeypatch, tmp_path):
+    body = _sdist("0.3.23")
+    srv = _index({"llama_cpp_python-0.3.23.tar.gz": body},
+                 {"llama_cpp_python-0.3.23.tar.gz": hashlib.sha256(body).hexdigest()})
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path))
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{srv.server_port}/simple/")
+    try:
+        (tmp_path / "dl").mkdir()
+        placed = tmp_path / "dl" / "llama_cpp_python-0.3.23.tar.gz"
+        placed.write_bytes(body[:-1])
+        with pytest.raises(UserError, match="truncated or corrupted"):
+            releases.ensure(releases.Sdist("0.3.23", None))
+        placed.write_bytes(body)
+        assert releases.ensure(releases.Sdist("0.3.23", None)) == placed
+        assert releases.expected_sha256(releases.Sdist("0.3.23", None)) == hashlib.sha256(body).hexdigest()
+    finally:
+        srv.shutdown()

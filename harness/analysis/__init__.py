@@ -104,8 +104,9 @@ def unreachable(an: SeriesAnalysis) -> tuple[int, float, int] | None:
     """(the fewest passes of a family comparison, the family's level, the passes a verdict needs) where those
     passes can never give a verdict at that level; None where they can (or there is no family)."""
     n_min = min((r.comparison.n_pairs for r in an.rows if r.comparison and r.role == "family"), default=0)
-    if an.family_size and not stats.reachable(n_min, an.family_size):
-        return n_min, an.level, stats.passes_needed(an.family_size)
+    m = an.family_size * sequential.factor(an.looks)  # sequential passes: Bonferroni over the looks too
+    if an.family_size and not stats.reachable(n_min, m):
+        return n_min, an.level, stats.passes_needed(m)
     return None
 
 
@@ -267,9 +268,9 @@ def analyse(arts: list, gates: dict[tuple, Any] | None = None, power: bool = Tru
     m = sum(1 for r, _, _ in pending if r.role == "family")
     looks = getattr(first.grid, "looks", None)  # sequential passes: the family's error spent over its looks
     for row, a_vals, b_vals in pending:
-        # exploratory estimates get a plain 95% interval, family members the family's level (read at the last look
-        # a sequential series reached: harness/sequential.py)
-        if row.role == "family" and looks:
+        # exploratory estimates get a plain 95% interval, family members the family's level; a sequential series is
+        # read at the last look it reached, every paired row alike (harness/sequential.py)
+        if looks:
             n = sequential.trim(len(a_vals), looks)
             a_vals, b_vals = a_vals[:n], b_vals[:n]
         row.pairs = (a_vals, b_vals)

@@ -56,7 +56,7 @@ def expand(path: str, doc: dict) -> dict:
         return doc
     doc = {**doc, "arms": out}
     base = doc.get("baseline")
-    if base in groups:
+    if isinstance(base, str) and base in groups:
         doc["baseline"] = groups[base][0]
     baseline = doc.get("baseline", out[0].get("name") if isinstance(out[0], dict) else None)
     primary = doc.get("primary")

@@ -194,7 +194,7 @@ def native_isa() -> str:
 def _key_payload() -> dict:
     ub = _USER.get()
     if ub is not None and ub.release:  # a release: its sdist as the index stated it when fetched, llama-bench only
-        sd = releases.Sdist(ub.release, None)
+        sd = release_sdist(ub.release)
         return {"sdist_sha256": releases.expected_sha256(sd) or "not fetched", "release": ub.release,
                 "flags": list(cmake_flags()), "targets": list(VARIANT_TARGETS), "native_isa": native_isa()}
     if ub is not None and ub.source is not None:  # a user's tree: its content, every flag, this CPU
@@ -237,6 +237,11 @@ def manifest_path() -> Path:
 
 def pinned_sdist() -> releases.Sdist:
     return releases.Sdist(SDIST_VERSION, SDIST_SHA256)
+
+
+def release_sdist(version: str) -> releases.Sdist:
+    """A release's sdist: the pinned one checked against its pinned sha256, any other against the index's."""
+    return pinned_sdist() if version == SDIST_VERSION else releases.Sdist(version, None)
 
 
 def ensure_sdist() -> Path:
@@ -352,7 +357,7 @@ def build(rebuild: bool = False) -> dict:
     if not cxx:
         raise UserError("c++", "no C++ compiler found", "apt-get install g++")
     if ub is not None and ub.release:
-        releases.ensure(releases.Sdist(ub.release, None))  # first: the build's key names its sha256
+        releases.ensure(release_sdist(ub.release))  # first: the build's key names its sha256
         out = build_dir()
         if out.exists() and manifest_path().exists() and not rebuild:
             return load_manifest(verify=True)
@@ -416,7 +421,7 @@ def build(rebuild: bool = False) -> dict:
 def _source(ub: UserBuild | None, sdist: Path | None, stage: Path) -> tuple[str, str, Path, dict]:
     """The tree to build, under the stage: (commit label, full commit, source dir, the manifest's source record)."""
     if ub is not None and ub.release:
-        sd = releases.Sdist(ub.release, None)
+        sd = release_sdist(ub.release)
         commit, commit_full, src = releases.extract(sd, releases.ensure(sd), stage)
         return commit, commit_full, src, {"package": SDIST_NAME, "version": ub.release, "sdist": sd.file,
                                           "sdist_sha256": releases.expected_sha256(sd), "release": True}

@@ -279,6 +279,9 @@ class LlamaCpp(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks):
         if opt.bin is not None:
             raise UserError(path, f"{fld}.build.bin: the fidelity tool links against a build's static libraries; "
                             "prebuilt binaries come without them", "build: {source: DIR}")
+        if opt.sdist is not None:
+            raise UserError(path, f"{fld}.build.sdist: the fidelity tool is written against the pinned llama.cpp's "
+                            "API; a release's is another", "build: {source: DIR} (a llama.cpp tree)")
         ub = llamacpp_build.user_build_of(path, opt)
         llamacpp_build.check_user_build(ub, f"{path}: {fld}.build")
         return {**options, "build": {"source": str(ub.source), "flags": list(ub.flags)}}

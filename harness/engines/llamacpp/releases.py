@@ -9,6 +9,7 @@ first fetched (kept beside it in the download cache), so a truncated or altered 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -70,12 +71,21 @@ def _index_entry(file: str) -> tuple[str, str | None] | None:
         return None
 
 
+MAX_SDIST_BYTES = 1 << 30  # the largest llama-cpp-python sdist is under 80 MB
+
+
 def _fetch(link: str, to: Path) -> bool:
+    """The file at link, at most MAX_SDIST_BYTES; False (nothing left behind) where it cannot be had."""
     try:
         with urllib.request.urlopen(link, timeout=180) as r, open(to, "wb") as out:
-            shutil.copyfileobj(r, out)
+            got = 0
+            while chunk := r.read(1 << 20):
+                got += len(chunk)
+                if got > MAX_SDIST_BYTES:
+                    raise ValueError("larger than any sdist")
+                out.write(chunk)
         return True
-    except OSError:
+    except (OSError, ValueError, http.client.HTTPException):
         to.unlink(missing_ok=True)
         return False
 
@@ -103,18 +113,29 @@ def ensure(sd: Sdist) -> Path:
     path = dl / sd.file
     want = expected_sha256(sd)
     if path.exists():
+        if want is None:  # a release placed here by hand (or fetched by pip): checked against the index's hash
+            entry = _index_entry(sd.file)
+            want = entry[1] if entry else None
+            if want is None:
+                raise UserError(str(path), f"no sha256 to check it against: the index states none for {sd.file}",
+                                "delete it and run again where the package index answers")
         digest = sha256_file(path)
-        if want is not None and digest == want:
-            return path
-        raise UserError(str(path), f"sha256 {digest[:12]}... does not match the "
-                        f"{'pinned' if sd.sha256 else 'index'}'s {str(want)[:12]}... (truncated or corrupted download)",
-                        f"delete {path} and run `make` again")
+        if digest != want:
+            raise UserError(str(path), f"sha256 {digest[:12]}... does not match the {'pinned' if sd.sha256 else 'index'}"
+                            f"'s {want[:12]}... (truncated or corrupted download)", f"delete {path} and run `make` again")
+        if not sd.sha256 and not _sidecar(path).exists():
+            _sidecar(path).write_text(want + "\n")
+        return path
     print(f"[llama.cpp] downloading {PACKAGE}=={sd.version} sdist", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=dl) as tmp:
         got = Path(tmp) / sd.file
         entry = _index_entry(sd.file)
         stated = entry[1] if entry else None
-        if entry is None or not _fetch(entry[0], got):
+        if (entry is None or not _fetch(entry[0], got)) and not sd.sha256:
+            # a release's only hash is the one the index states: without its JSON page there is none to check
+            raise UserError(f"{index_url()}/{PACKAGE}/", f"{sd.file}: the index gave no JSON page with it (PEP 691) or "
+                            "the download failed", "check the network to PyPI, and run again")
+        if entry is None or not got.exists():
             # pip: it prepares the sdist's metadata in an isolated build env (scikit-build-core) first
             r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                                 f"{PACKAGE}=={sd.version}", "-d", tmp], capture_output=True, text=True)
