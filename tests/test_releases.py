@@ -6,13 +6,12 @@ minutes: it is the published series grids/history-llamacpp.yaml, not a test."""
 from __future__ import annotations
 
 import hashlib
-import http.server
 import io
 import json
 import tarfile
-import threading
 from pathlib import Path
 
+import fake_index
 import pytest
 
 from harness.engines.llamacpp import build as llamacpp_build
@@ -110,18 +109,7 @@ def _index(files: dict[str, bytes], sha: dict[str, str | None]):
         {"filename": n, "url": f"../../files/{n}", **({"hashes": {"sha256": sha[n]}} if sha.get(n) else {})}
         for n in files]}).encode()} | {f"/files/{n}": b for n, b in files.items()}
 
-    class Index(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            data = pages.get(self.path)
-            self.send_response(200 if data else 404)
-            self.end_headers()
-            self.wfile.write(data or b"")
-
-        def log_message(self, *a):
-            pass
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
+    return fake_index.serve(pages)[0]
 
 
 def test_a_release_is_fetched_with_the_sha256_the_index_states_and_checked_after(monkeypatch, tmp_path):

@@ -69,27 +69,14 @@ def test_sdist_comes_straight_from_the_index_and_pip_only_where_it_cannot(monkey
     """The sdist's link is read from the index's JSON simple page and the file downloaded as it is (pip download
     would build the sdist's metadata first, ~45 s); an index without that page leaves it to pip."""
     import hashlib
-    import http.server
-    import threading
+
+    import fake_index
     body = b"an sdist's bytes"
     pages = {f"/simple/{llamacpp_build.SDIST_NAME}/": json.dumps({"files": [
         {"filename": "other-1.0.tar.gz", "url": "../../files/other.tar.gz"},
         {"filename": llamacpp_build.SDIST_FILE, "url": "../../files/sdist.tar.gz"}]}).encode(),
         "/files/sdist.tar.gz": body}
-    asked = []
-
-    class Index(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            asked.append((self.path, self.headers.get("Accept")))
-            data = pages.get(self.path)
-            self.send_response(200 if data else 404)
-            self.end_headers()
-            self.wfile.write(data or b"")
-
-        def log_message(self, *a):
-            pass
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv, asked = fake_index.serve(pages)
     pips = []
     real_run = subprocess.run
 
