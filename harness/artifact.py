@@ -121,9 +121,9 @@ class Execution(Frozen):
 
 
 class Workload(Frozen):
-    prompt_len: int = Field(gt=0)
-    context_len: int = Field(gt=0)
-    gen_len: int = Field(gt=0)
+    prompt_len: int | None = Field(gt=0, description="tokens; null for a speech request (a text: `speech`)")
+    context_len: int | None = Field(gt=0)
+    gen_len: int | None = Field(gt=0)
     batch: int = Field(gt=0)
     warmups: int = Field(ge=0)
     repetitions: int = Field(gt=0)
@@ -131,6 +131,8 @@ class Workload(Frozen):
     load: dict[str, Any] | None = Field(None, description="a server engine's load as the cell asked it (harness/"
                                         "serving.py): requests, concurrency and/or rate, arrival, burstiness, seed; "
                                         "absent for request and command engines")
+    speech: dict[str, Any] | None = Field(None, description="a speech run's texts: the committed set, its sha256, "
+                                          "the chunking (harness/workloads/speech)")
     slo: dict[str, float] | None = Field(None, description="the grid's latency bounds of goodput (ttft_s, tpot_s, "
                                          "e2e_s), where it has them")
 

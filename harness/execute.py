@@ -103,8 +103,13 @@ def prepare_arms(spec: grid.GridSpec) -> None:
     from harness.engines import get_engine
     for a in spec.arms:
         get_engine(a.engine).prepare_arm(spec, a)
+    from harness import voices
     for name, forms in grid.model_forms(spec).items():  # a user's model: the forms the arms load, made now
-        models.ensure(name, forms)
+        if voices.known(name):  # a voice's forms (the int8 one made here)
+            for form in forms:
+                voices.ensure(name, form)
+        else:
+            models.ensure(name, forms)
 
 
 class Local:

@@ -34,6 +34,9 @@ def model_block(model: str, form: str) -> tuple[dict, dict[str, Path]]:
         return {"name": model, "form": "external", "format": "external", "dtype": "unknown", "parameters": 1,
                 "files": [], "source": {"external": "served by an endpoint the harness does not start; the prompts "
                                                     "are this model's token ids"}}, {}
+    from harness import voices
+    if voices.known(model):
+        return voices.model_block(model, form)
     root = models.ensure(model, [form])
     block = models.loaded_block(model, form)  # hashed now; a file that is not the manifest's is refused
     weights = {rel: root / rel for rel in models.weight_files(model, form)}
@@ -173,7 +176,7 @@ def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, t
             requested=res.requested, effective=res.effective, compile_cache=res.compile_cache, eager=res.eager,
             command=res.command, observe=arm.observe, settings=settings_block(res.settings, engine, arm),
             emulation=emulation, executor=executor),
-        workload=Workload(prompt_len=p["prompt_len"], context_len=p["context_len"], gen_len=p["gen_len"],
+        workload=Workload(prompt_len=p.get("prompt_len"), context_len=p.get("context_len"), gen_len=p.get("gen_len"),
                           batch=p.get("batch", 1), warmups=spec.warmups, repetitions=spec.repetitions,
                           prompt_token_hash=res.prompt_token_hash,
                           **workload_record(spec, p, run.sweep)),

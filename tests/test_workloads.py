@@ -56,13 +56,15 @@ def _spec(workload):
 
 
 def test_the_registered_kinds_own_their_fields():
-    assert [k.name for k in workloads.kinds()] == list(workloads.KINDS) == ["generation", "serving"]
+    assert [k.name for k in workloads.kinds()] == list(workloads.KINDS) == ["generation", "serving", "speech"]
     with pytest.raises(UserError, match="workload.prompt_len: is required and has no default"):  # generation's rule
         grid.from_dict({**DOC, "workload": {"context_len": 16, "gen_len": 4}}, "g.yaml", "0" * 64)
     with pytest.raises(UserError, match="workload.load: names neither concurrency nor rate"):  # serving's field
         _spec({"load": {"requests": 4}})
     with pytest.raises(UserError, match=r"workload.echo: unknown field"):  # no kind takes it
         _spec({"echo": "hello"})
+    with pytest.raises(UserError, match=r"workload.text: .*a speech request is a text|workload.prompt_len: is a token"):
+        _spec({"text": "short"})  # speech's: its cells are texts, the token lengths are refused
 
 
 @pytest.mark.usefixtures("echo_kind")

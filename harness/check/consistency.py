@@ -24,7 +24,7 @@ CELL_WORKLOAD = ("prompt_len", "context_len", "gen_len", "batch")
 # Seconds per unit of the time-valued metric units.
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 # Units of quantities that cannot be negative besides times and rates (anything per second, tok/s): sizes, counts.
-NONNEGATIVE_UNITS = {"B", "bytes", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "tok", "tokens", "count",
+NONNEGATIVE_UNITS = {"s of audio", "ratio", "B", "bytes", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "tok", "tokens", "count",
                      "requests", "steps"}
 # A sample may exceed the run's wall clock (timing, UTC) by this much: samples are timed by monotonic clocks
 # inside the span, the span by the wall clock around it.
@@ -156,8 +156,17 @@ def _cell_problems(a: Any, where: str) -> list[str]:
     elif g.run_key != run_key(g.cell, g.arm, g.pass_index):
         out.append(f"{where}: grid.run_key: {g.run_key} is not the key of cell {g.cell!r}, arm {g.arm!r}, pass "
                    f"{g.pass_index} ({run_key(g.cell, g.arm, g.pass_index)})")
+    speech = w.speech is not None
+    if speech and (not isinstance(w.speech.get("text_set"), str) or w.speech["text_set"] != params.get("text")):
+        out.append(f"{where}: workload.speech.text_set: {w.speech.get('text_set')!r}, but the cell's text is "
+                   f"{params.get('text')!r}")
     for k in CELL_WORKLOAD:
-        if k not in params and k != "batch":
+        if k != "batch" and (speech or getattr(w, k) is None):  # a speech request is a text: no token lengths
+            if speech and (getattr(w, k) is not None or k in params):
+                out.append(f"{where}: workload.{k}: {getattr(w, k)!r} in a speech run (a text has no token length)")
+            elif not speech:
+                out.append(f"{where}: workload.{k}: missing (only a speech run has no token lengths)")
+        elif k not in params and k != "batch":
             out.append(f"{where}: grid.cell_params.{k}: missing (workload.{k} is {getattr(w, k)})")
         elif getattr(w, k) != params.get(k, 1):
             out.append(f"{where}: workload.{k}: {getattr(w, k)}, but the cell's {k} is {params.get(k, 1)!r}")

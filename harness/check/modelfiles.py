@@ -37,6 +37,9 @@ def model_file_problems(name: str, files: tuple[tuple[str, str], ...], user: boo
     store of thousands of runs of one model compares its files once, not once per artifact). A user's model
     (given by path) that this machine does not know has nothing local to compare with."""
     from harness import models
+    from harness import voices
+    if voices.known(name):
+        return voices.file_problems(name, files)
     if not models.known(name):
         return () if user else (f"model.name: unknown model {name!r}",)
     try:

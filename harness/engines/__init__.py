@@ -24,6 +24,7 @@ ENGINES: dict[str, str] = {
     "llama-server": "harness.engines.server:LlamaServer",
     "vllm-server": "harness.engines.server:VllmServer",
     "openai": "harness.engines.server:OpenAi",
+    "piper": "harness.engines.piper:Piper",
 }
 
 

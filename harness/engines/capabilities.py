@@ -14,6 +14,7 @@ the capabilities whose members it sets.
     Yardsticks  how the report and exports set it beside others (llama-bench's twin, the summary's reference)
     Patches     runtime patches an arm may choose (`patches`)
     Serves      a server engine: sent a load by a client (the serving workload kind), never a batch
+    Speaks      a speech engine: sent texts (the speech workload kind), streams audio chunks
 """
 
 from __future__ import annotations
@@ -212,7 +213,13 @@ class Serves:
         return "harness", {}
 
 
-CAPABILITIES = (Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks, Patches, Serves)
+class Speaks:
+    """A speech engine: text in, an audio stream out (the speech workload kind sends it texts, and only it)."""
+
+    chunking: ClassVar[tuple[str, ...]] = ("sentence",)  # how it streams (harness/workloads/speech CHUNKING)
+
+
+CAPABILITIES = (Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks, Patches, Serves, Speaks)
 
 
 class _Absent:

@@ -23,10 +23,13 @@ def model_name(path: str, fld: str, v: Any) -> str:
     """A zoo model's name, a registered model's (harness models add), or your model given by path (a mapping:
     harness/usermodels.py), which is then known by its name."""
     from harness import models, usermodels
+    from harness import voices
     if isinstance(v, dict):
         return models.register(usermodels.from_mapping(path, fld, v))
+    if voices.known(v):
+        return v
     if not models.known(v):
-        raise err(path, fld, f"unknown model {short(v)}", f"known: {', '.join(models.known_names())}, or "
+        raise err(path, fld, f"unknown model {short(v)}", f"known: {', '.join(models.known_names() + list(voices.VOICES))}, or "
                   "{name: NAME, gguf: PATH} for your own")
     return v
 

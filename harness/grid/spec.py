@@ -16,10 +16,10 @@ from harness.rules import cell_id  # noqa: F401  (a cell's id: one definition, s
 WORKLOAD_FIELDS = ("prompt_len", "context_len", "gen_len")
 # replicate: a label only (repeats of one cell, e.g. for A/A calibration); batch: concurrent requests
 AXIS_NAMES = ("threads", "prompt_len", "context_len", "gen_len", "batch", "form", "replicate", "hardware", "model",
-              "concurrency", "rate")
+              "concurrency", "rate", "text")
 # hardware: a class of grids/hardware/ to emulate, or native; model: models of the zoo (the grid's `model` is then
 # the first, and a run's model is its cell's)
-STRING_AXES = ("form", "hardware", "model")
+STRING_AXES = ("form", "hardware", "model", "text")
 ORDERS = ("interleaved", "sequential", "random")
 # how `harness run --executor ray` places passes on a fleet (docs/fleet.md): spread divides the passes among the
 # machines of each host class; all runs every pass on every machine (a hardware comparison). One machine: the same.

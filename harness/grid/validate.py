@@ -99,7 +99,7 @@ def _validate_hardware(spec: GridSpec, arm: Arm, cell: Cell) -> None:
     if name:
         emulate.plan(name, threads, arm.cpus, where)
     model = model_of(spec, cell.params)
-    if model == "none":
+    if model == "none" or "context_len" not in cell.params:  # no tokens (speech): no KV cache to admit
         return
     batch, ctxlen = int(cell.params.get("batch", 1)), int(cell.params["context_len"])
     adm = capability(eng, Sizing).admission(model, prof, cell.params.get("form") or arm.form, arm.options, ctxlen)

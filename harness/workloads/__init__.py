@@ -15,6 +15,7 @@ from typing import Any
 KINDS: dict[str, str] = {
     "generation": "harness.workloads.generation:Generation",
     "serving": "harness.workloads.serving:Serving",
+    "speech": "harness.workloads.speech:Speech",
 }
 
 

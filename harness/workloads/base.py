@@ -28,6 +28,10 @@ class WorkloadKind:
     def parse(self, path: str, workload: dict[str, Any], axes: dict[str, list]) -> tuple[dict[str, Any], dict]:
         return {}, {}
 
+    def owns(self, fixed: dict[str, Any], axes: dict[str, list]) -> bool:
+        """Whether the cells are this kind's own requests, not token generation (speech: a text per request)."""
+        return False
+
     def axis_value(self, path: str, fld: str, axis: str, v: Any, rule: bool) -> bool:
         """Check a value of an axis this kind adds (`rule`: in an include, exclude or primary rule); False where
         the axis is not this kind's (the grid's own rule for numeric axes applies)."""

@@ -16,6 +16,9 @@ class Generation(WorkloadKind):
     metrics = REQUEST_METRICS
 
     def require(self, path: str, fixed: dict[str, Any], axes: dict[str, list]) -> None:
+        from harness.workloads import kinds
+        if any(k.owns(fixed, axes) for k in kinds()):  # another kind's requests (speech: texts, not tokens)
+            return
         for w in WORKLOAD_FIELDS:
             if w not in fixed and w not in axes:
                 raise err(path, f"workload.{w}", "is required and has no default", f"set it; {WHY_NO_DEFAULTS}")

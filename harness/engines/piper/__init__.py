@@ -1,0 +1,159 @@
+"""The `piper` engine: Piper (piper-tts) speaking a voice of harness/workloads/speech/voices.py on ONNX Runtime.
+
+One fresh process of worker.py per run (the only code that imports piper), pinned by taskset like every engine. Per
+request the worker hands one text to PiperVoice.synthesize, which yields one audio chunk per sentence, and stamps
+each chunk as it arrives; the metrics (time to first audio, real-time factors, the playback model's start and
+stalls, chunk gaps) are computed here from those stamps and the chunks' durations
+(harness/workloads/speech/playback.py). Start-up is the process's launch to the voice loaded and its phonemizer
+initialized. Synthesis is deterministic (noise scales 0; each stream's audio sha256 is recorded).
+
+Read back: the threads that ran the voice (the worker's threads with CPU time during the measured requests, from
+the kernel), the session's intra-op threads (set to the requested count, inter-op 1), the CPU affinity, the sample
+rate, the ONNX Runtime libraries loaded (they must be the installed wheel's, hashed here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from harness.engines import wheels
+from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, run_worker, setting
+from harness.engines.capabilities import Limits, Speaks
+from harness.engines.workerlib import RUNNING_THREADS
+from harness.errors import UserError
+from harness.workloads.speech.playback import SPEECH_METRICS
+
+NAME = "piper"
+PIN = "1.8.0"  # pyproject.toml's extra `speech`
+DISTS = ("piper-tts", "onnxruntime")
+INSTALL_FIX = "pip install -e '.[speech]' in the project's venv (make installs it)"
+WORKER = Path(__file__).with_name("worker.py")
+LIBRARY = re.compile(r"(libonnxruntime(_providers_shared)?\.so(\.[\d.]+)?|onnxruntime_pybind11_state\.[\w-]+\.so|espeakbridge\.so)$")
+ENV_PREFIXES = ("ORT_", "OMP_", "OPENBLAS_")
+WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}  # numpy's pool never runs the voice: kept from spinning beside it
+TIMESTAMPS = ("time.perf_counter() in the worker as PiperVoice.synthesize yields each chunk (one per sentence), "
+              "relative to the call with the request's text (phonemization included)")
+
+
+def require() -> str:
+    try:
+        v = metadata.version("piper-tts")
+    except metadata.PackageNotFoundError:
+        raise UserError(f"engine {NAME}", "piper-tts is not installed (the optional extra `speech`)", INSTALL_FIX) \
+            from None
+    if v != PIN:
+        raise UserError(f"engine {NAME}", f"piper-tts {v} is installed, the harness pins {PIN}", INSTALL_FIX)
+    return v
+
+
+def libraries() -> dict[str, dict[str, Any]]:
+    return wheels.libraries(DISTS, LIBRARY, NAME, "speech", INSTALL_FIX)
+
+
+class Piper(Engine, Limits, Speaks):
+    name = NAME
+    weight_files = {"piper-onnx": (".onnx",)}
+    default_form = "voice-fp32"
+    form_prefix = "voice-"
+    form_hint = "piper speaks a voice's forms: voice-fp32, voice-int8 (harness/workloads/speech/voices.py)"
+    Options = Options  # threads only
+    honours = frozenset({"warmups", "repetitions"})
+    max_batch = 1
+    metrics = tuple(SPEECH_METRICS)  # the speech kind's (harness/workloads/speech/playback.py)
+    observe_only = frozenset({"dtype"})  # the form's types
+    env_prefixes = ENV_PREFIXES
+    chunking = ("sentence",)
+
+    def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
+        from harness import voices
+        form = form or self.default_form
+        if not voices.known(model):
+            raise UserError(f"model {model}", f"{NAME} speaks a voice, not a language model",
+                            f"set the grid's model to a voice: {', '.join(voices.VOICES)}")
+        voices.check_form(f"model {model}", form)
+        require()
+        return form
+
+    def validate_options(self, path: str, arm: Any, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        from harness import voices
+        if arm.form is not None:
+            voices.check_form(f"{path}: arms[{arm.name}].form", arm.form)
+        where, forms = workload.get("form", ("axes.form", set()))
+        for f in sorted(forms):
+            voices.check_form(f"{path}: {where} (arm {arm.name})", f)
+
+    def engine_info(self) -> dict[str, Any]:
+        version = require()
+        libs = libraries()
+        return {"name": NAME, "version": f"piper-tts=={version}, onnxruntime=={metadata.version('onnxruntime')} (PyPI)",
+                "build_commit": f"piper-tts {version} (PyPI wheel)",
+                "build": {"distributions": {d: metadata.version(d) for d in DISTS}, "libraries": wheels.build_block(libs),
+                          "execution_provider": "cpu", "worker": "harness/engines/piper/worker.py",
+                          "worker_sha256": hashlib.sha256(WORKER.read_bytes()).hexdigest()}}
+
+    def run(self, ctx: RunContext, form: str) -> EngineResult:
+        from harness import voices
+        from harness.workloads.speech import playback, texts
+        d = voices.ensure(ctx.model, form)
+        name = ctx.params["text"]
+        n = ctx.spec.warmups + ctx.spec.repetitions
+        picks = texts.chosen(name, ctx.spec.seed, ctx.run.cell.id, ctx.run.pass_index, n)
+        req = {"onnx": str(d / voices.ONNX_NAME), "config": str(d / voices.CONFIG_NAME), "threads": ctx.threads,
+               "requests": [{"id": f"{name}[{i}]", "text": texts.TEXTS[name][i], "warmup": k < ctx.spec.warmups}
+                            for k, i in enumerate(picks)]}
+        req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
+        req_path.write_text(json.dumps(req))
+        env_rec = {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **WORKER_ENV,
+                   **ctx.env, "PYTHONNOUSERSITE": "1"}
+        cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [sys.executable, str(WORKER), str(req_path), str(out_path)]
+        info = self.engine_info()
+        requested = {"threads": ctx.threads, "form": form, "text": name, "noise_scale": 0.0, "noise_w_scale": 0.0}
+        launched = time.time()
+        w = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, f"{NAME} worker", poll_s=ctx.poll_s)
+        if w.status != "ok":
+            return w.failed(cmd, env_rec, info, requested)
+        res = w.result or {}
+        eff = res["effective"]
+        foreign = _foreign_libraries(eff)
+        if foreign:
+            return EngineResult(status="failed", metrics={}, engine=info, requested=requested, effective=eff,
+                                command=cmd, env=env_rec, peak_memory=w.proc.peak_memory,
+                                after_load={"status": "unknown"}, prompt_token_hash="n/a", error=foreign)
+        startup = max(0.0, float(res["ready_unix"]) - launched)
+        metrics = playback.metrics(res["streams"], startup)
+        settings = {"threads": setting(ctx.threads, eff["threads"], RUNNING_THREADS),
+                    "cpus": setting(ctx.cpus, eff["cpu_affinity"], "sched_getaffinity in the worker"),
+                    "warmups": setting(ctx.spec.warmups, sum(1 for s in res["streams"] if s["warmup"]),
+                                       "warm-up requests the worker ran"),
+                    "dtype": setting(voices.FORM_DTYPES[form], None, "the form's types (not readable from a session)")}
+        effective = {**eff, "timestamps": TIMESTAMPS, "texts": [s["id"] for s in res["streams"]],
+                     "audio_sha256": [s["audio_sha256"] for s in res["streams"]],
+                     "chunk_samples": [s["samples"] for s in res["streams"]], "load_s": res["load_s"],
+                     "startup_s": startup}
+        return EngineResult(status="ok", metrics=metrics, engine=info, requested=requested, settings=settings,
+                            effective=effective, command=cmd, env=env_rec, peak_memory=w.proc.peak_memory,
+                            after_load={"status": "n/a", "reason": "the worker loads and speaks in one process; "
+                                                                   "startup_s times its load"},
+                            prompt_token_hash=f"texts sha256 {texts.set_sha256(name)}")
+
+
+def _foreign_libraries(eff: dict) -> str | None:
+    """A loaded ONNX Runtime library that is not the installed wheel's (whose files engine_info hashed)."""
+    try:
+        installed = {os.path.realpath(f.locate()) for d in DISTS for f in metadata.distribution(d).files or ()
+                     if LIBRARY.search(f.name)}
+    except metadata.PackageNotFoundError as e:
+        return f"{e.name} is not installed"
+    loaded = [p for p in eff.get("libraries") or [] if "onnxruntime" in os.path.basename(p)]
+    if not loaded:
+        return "the worker reported no ONNX Runtime library loaded"
+    foreign = [p for p in loaded if p not in installed]
+    return f"the worker loaded {foreign[0]}, which is not the hashed build" if foreign else None

