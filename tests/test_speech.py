@@ -93,9 +93,10 @@ def test_a_voice_file_that_is_not_the_pinned_one_is_refused(tmp_path, monkeypatc
     assert voices.ensure("joe-us-medium", "voice-fp32") == d  # prepared again from the installed wheel
 
 
-def test_real_piper_runs_record_every_chunk_and_check_accepts_them(tmp_path, write_grid):
+@pytest.mark.parametrize("engine", ["piper", "sherpa-onnx"])
+def test_real_runs_record_every_chunk_and_check_accepts_them(tmp_path, write_grid, engine):
     g = write_grid(GRID.format(name="spreal", text="long").replace("repetitions: 2", "repetitions: 2\nwarmups: 1")
-                   .replace("warmups: 0\n", ""))
+                   .replace("warmups: 0\n", "").replace("engine: piper", f"engine: {engine}"))
     execute.run_grid(str(g), store_root=tmp_path / "store")
     (path,) = Store(tmp_path / "store").iter_paths("spreal")
     doc = json.loads(path.read_text())
@@ -107,7 +108,10 @@ def test_real_piper_runs_record_every_chunk_and_check_accepts_them(tmp_path, wri
         "joe-us-medium"].onnx_sha256
     # every stream of a long text: a chunk per sentence, each chunk's samples at the voice's rate
     assert len(eff["chunk_samples"]) == 3 and all(len(c) >= 4 for c in eff["chunk_samples"])
-    assert eff["sample_rate"] == 22050 and eff["threads"] == 1 and eff["intra_op_num_threads"] == 1
+    assert eff["sample_rate"] == 22050 and eff["threads"] == 1
+    assert eff["intra_op_num_threads" if engine == "piper" else "num_threads"] == 1
+    if engine == "sherpa-onnx":  # the same voice file, with sherpa-onnx's metadata added: both recorded
+        assert eff["derived"]["from_sha256"] == voices.VOICES["joe-us-medium"].onnx_sha256
     audio = [sum(c) / eff["sample_rate"] for c in eff["chunk_samples"]]
     assert m["audio_s"]["warmup_samples"] + m["audio_s"]["samples"] == pytest.approx(audio, abs=1e-6)
     for k in ("ttfa_s", "rtf", "playback_start_s", "chunk_gap_p50_s", "stall_count"):

@@ -24,7 +24,8 @@ ENGINES: dict[str, str] = {
     "llama-server": "harness.engines.server:LlamaServer",
     "vllm-server": "harness.engines.server:VllmServer",
     "openai": "harness.engines.server:OpenAi",
-    "piper": "harness.engines.piper:Piper",
+    "piper": "harness.engines.speech.piper:Piper",
+    "sherpa-onnx": "harness.engines.speech.sherpa:SherpaOnnx",
 }
 
 

@@ -1,15 +1,13 @@
-"""The `piper` engine: Piper (piper-tts) speaking a voice of harness/workloads/speech/voices.py on ONNX Runtime.
-
-One fresh process of worker.py per run (the only code that imports piper), pinned by taskset like every engine. Per
-request the worker hands one text to PiperVoice.synthesize, which yields one audio chunk per sentence, and stamps
-each chunk as it arrives; the metrics (time to first audio, real-time factors, the playback model's start and
-stalls, chunk gaps) are computed here from those stamps and the chunks' durations
+"""What the speech engines share (piper.py, sherpa.py): one fresh process of worker.py per run, pinned by taskset
+like every engine. Per request the worker hands one text to the engine and stamps each audio chunk as it arrives
+(time.perf_counter() from the call); the metrics (time to first audio, real-time factors, the playback model's start
+and stalls, chunk gaps) are computed here from those stamps and the chunks' durations
 (harness/workloads/speech/playback.py). Start-up is the process's launch to the voice loaded and its phonemizer
 initialized. Synthesis is deterministic (noise scales 0; each stream's audio sha256 is recorded).
 
 Read back: the threads that ran the voice (the worker's threads with CPU time during the measured requests, from
-the kernel), the session's intra-op threads (set to the requested count, inter-op 1), the CPU affinity, the sample
-rate, the ONNX Runtime libraries loaded (they must be the installed wheel's, hashed here).
+the kernel), the engine's own thread setting, the CPU affinity, the sample rate, the ONNX Runtime library it loaded
+(it must be the installed wheel's, hashed here).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from harness.engines import wheels
 from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, run_worker, setting
@@ -31,39 +29,27 @@ from harness.engines.workerlib import RUNNING_THREADS
 from harness.errors import UserError
 from harness.workloads.speech.playback import SPEECH_METRICS
 
-NAME = "piper"
-PIN = "1.8.0"  # pyproject.toml's extra `speech`
-DISTS = ("piper-tts", "onnxruntime")
 INSTALL_FIX = "pip install -e '.[speech]' in the project's venv (make installs it)"
 WORKER = Path(__file__).with_name("worker.py")
-LIBRARY = re.compile(r"(libonnxruntime(_providers_shared)?\.so(\.[\d.]+)?|onnxruntime_pybind11_state\.[\w-]+\.so|espeakbridge\.so)$")
 ENV_PREFIXES = ("ORT_", "OMP_", "OPENBLAS_")
 WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}  # numpy's pool never runs the voice: kept from spinning beside it
-TIMESTAMPS = ("time.perf_counter() in the worker as PiperVoice.synthesize yields each chunk (one per sentence), "
-              "relative to the call with the request's text (phonemization included)")
 
 
-def require() -> str:
-    try:
-        v = metadata.version("piper-tts")
-    except metadata.PackageNotFoundError:
-        raise UserError(f"engine {NAME}", "piper-tts is not installed (the optional extra `speech`)", INSTALL_FIX) \
-            from None
-    if v != PIN:
-        raise UserError(f"engine {NAME}", f"piper-tts {v} is installed, the harness pins {PIN}", INSTALL_FIX)
-    return v
+class SpeechEngine(Engine, Limits, Speaks):
+    """A speech engine: its distribution pinned (DIST, PIN), the distributions whose libraries it loads (DISTS,
+    LIBRARY), the thread setting it reads back (THREADS_KEY) and how the worker stamps its chunks (timestamps)."""
 
-
-def libraries() -> dict[str, dict[str, Any]]:
-    return wheels.libraries(DISTS, LIBRARY, NAME, "speech", INSTALL_FIX)
-
-
-class Piper(Engine, Limits, Speaks):
-    name = NAME
+    DIST: ClassVar[str] = ""
+    PIN: ClassVar[str] = ""
+    DISTS: ClassVar[tuple[str, ...]] = ()
+    LIBRARY: ClassVar[re.Pattern] = re.compile(r"$^")
+    RUNTIME: ClassVar[re.Pattern] = re.compile(r"libonnxruntime")  # the loaded libraries that must be the hashed ones
+    THREADS_KEY: ClassVar[str] = ""
+    timestamps: ClassVar[str] = ""
     weight_files = {"piper-onnx": (".onnx",)}
     default_form = "voice-fp32"
     form_prefix = "voice-"
-    form_hint = "piper speaks a voice's forms: voice-fp32, voice-int8 (harness/workloads/speech/voices.py)"
+    form_hint = "a speech engine speaks a voice's forms: voice-fp32, voice-int8 (harness/voices.py)"
     Options = Options  # threads only
     honours = frozenset({"warmups", "repetitions"})
     max_batch = 1
@@ -72,14 +58,28 @@ class Piper(Engine, Limits, Speaks):
     env_prefixes = ENV_PREFIXES
     chunking = ("sentence",)
 
+    def require(self) -> str:
+        try:
+            v = metadata.version(self.DIST)
+        except metadata.PackageNotFoundError:
+            raise UserError(f"engine {self.name}", f"{self.DIST} is not installed (the optional extra `speech`)",
+                            INSTALL_FIX) from None
+        if v != self.PIN:
+            raise UserError(f"engine {self.name}", f"{self.DIST} {v} is installed, the harness pins {self.PIN}",
+                            INSTALL_FIX)
+        return v
+
+    def libraries(self) -> dict[str, dict[str, Any]]:
+        return wheels.libraries(self.DISTS, self.LIBRARY, self.name, "speech", INSTALL_FIX)
+
     def check(self, model: str, form: str | None, profile: dict[str, Any] | None = None) -> str:
         from harness import voices
         form = form or self.default_form
         if not voices.known(model):
-            raise UserError(f"model {model}", f"{NAME} speaks a voice, not a language model",
+            raise UserError(f"model {model}", f"{self.name} speaks a voice, not a language model",
                             f"set the grid's model to a voice: {', '.join(voices.VOICES)}")
         voices.check_form(f"model {model}", form)
-        require()
+        self.require()
         return form
 
     def validate_options(self, path: str, arm: Any, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
@@ -91,13 +91,19 @@ class Piper(Engine, Limits, Speaks):
             voices.check_form(f"{path}: {where} (arm {arm.name})", f)
 
     def engine_info(self) -> dict[str, Any]:
-        version = require()
-        libs = libraries()
-        return {"name": NAME, "version": f"piper-tts=={version}, onnxruntime=={metadata.version('onnxruntime')} (PyPI)",
-                "build_commit": f"piper-tts {version} (PyPI wheel)",
-                "build": {"distributions": {d: metadata.version(d) for d in DISTS}, "libraries": wheels.build_block(libs),
-                          "execution_provider": "cpu", "worker": "harness/engines/piper/worker.py",
+        version = self.require()
+        libs = self.libraries()
+        return {"name": self.name, "version": f"{self.DIST}=={version} (PyPI)",
+                "build_commit": f"{self.DIST} {version} (PyPI wheel)",
+                "build": {"distributions": {d: metadata.version(d) for d in self.DISTS},
+                          "libraries": wheels.build_block(libs), "execution_provider": "cpu",
+                          "worker": "harness/engines/speech/worker.py",
                           "worker_sha256": hashlib.sha256(WORKER.read_bytes()).hexdigest()}}
+
+    def voice_files(self, voice_dir: Path, form: str) -> dict[str, Any]:
+        """What the worker loads of the form's folder (an engine may derive files of its own from it)."""
+        from harness import voices
+        return {"onnx": str(voice_dir / voices.ONNX_NAME), "config": str(voice_dir / voices.CONFIG_NAME)}
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
         from harness import voices
@@ -106,7 +112,7 @@ class Piper(Engine, Limits, Speaks):
         name = ctx.params["text"]
         n = ctx.spec.warmups + ctx.spec.repetitions
         picks = texts.chosen(name, ctx.spec.seed, ctx.run.cell.id, ctx.run.pass_index, n)
-        req = {"onnx": str(d / voices.ONNX_NAME), "config": str(d / voices.CONFIG_NAME), "threads": ctx.threads,
+        req = {"engine": self.name, "threads": ctx.threads, **self.voice_files(d, form),
                "requests": [{"id": f"{name}[{i}]", "text": texts.TEXTS[name][i], "warmup": k < ctx.spec.warmups}
                             for k, i in enumerate(picks)]}
         req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
@@ -117,24 +123,26 @@ class Piper(Engine, Limits, Speaks):
         info = self.engine_info()
         requested = {"threads": ctx.threads, "form": form, "text": name, "noise_scale": 0.0, "noise_w_scale": 0.0}
         launched = time.time()
-        w = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, f"{NAME} worker", poll_s=ctx.poll_s)
+        w = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, f"{self.name} worker",
+                       poll_s=ctx.poll_s)
         if w.status != "ok":
             return w.failed(cmd, env_rec, info, requested)
         res = w.result or {}
         eff = res["effective"]
-        foreign = _foreign_libraries(eff)
+        foreign = self._foreign_libraries(eff)
         if foreign:
             return EngineResult(status="failed", metrics={}, engine=info, requested=requested, effective=eff,
                                 command=cmd, env=env_rec, peak_memory=w.proc.peak_memory,
                                 after_load={"status": "unknown"}, prompt_token_hash="n/a", error=foreign)
         startup = max(0.0, float(res["ready_unix"]) - launched)
         metrics = playback.metrics(res["streams"], startup)
-        settings = {"threads": setting(ctx.threads, eff["threads"], RUNNING_THREADS),
+        settings = {"threads": setting(ctx.threads, eff["threads"], RUNNING_THREADS + f"; the engine's {self.THREADS_KEY} "
+                                       f"was {eff.get(self.THREADS_KEY)}"),
                     "cpus": setting(ctx.cpus, eff["cpu_affinity"], "sched_getaffinity in the worker"),
                     "warmups": setting(ctx.spec.warmups, sum(1 for s in res["streams"] if s["warmup"]),
                                        "warm-up requests the worker ran"),
-                    "dtype": setting(voices.FORM_DTYPES[form], None, "the form's types (not readable from a session)")}
-        effective = {**eff, "timestamps": TIMESTAMPS, "texts": [s["id"] for s in res["streams"]],
+                    "dtype": setting(voices.FORM_DTYPES[form], None, "the form's types (not readable from the engine)")}
+        effective = {**eff, "timestamps": self.timestamps, "texts": [s["id"] for s in res["streams"]],
                      "audio_sha256": [s["audio_sha256"] for s in res["streams"]],
                      "chunk_samples": [s["samples"] for s in res["streams"]], "load_s": res["load_s"],
                      "startup_s": startup}
@@ -144,16 +152,15 @@ class Piper(Engine, Limits, Speaks):
                                                                    "startup_s times its load"},
                             prompt_token_hash=f"texts sha256 {texts.set_sha256(name)}")
 
-
-def _foreign_libraries(eff: dict) -> str | None:
-    """A loaded ONNX Runtime library that is not the installed wheel's (whose files engine_info hashed)."""
-    try:
-        installed = {os.path.realpath(f.locate()) for d in DISTS for f in metadata.distribution(d).files or ()
-                     if LIBRARY.search(f.name)}
-    except metadata.PackageNotFoundError as e:
-        return f"{e.name} is not installed"
-    loaded = [p for p in eff.get("libraries") or [] if "onnxruntime" in os.path.basename(p)]
-    if not loaded:
-        return "the worker reported no ONNX Runtime library loaded"
-    foreign = [p for p in loaded if p not in installed]
-    return f"the worker loaded {foreign[0]}, which is not the hashed build" if foreign else None
+    def _foreign_libraries(self, eff: dict) -> str | None:
+        """A loaded ONNX Runtime library that is not the installed wheel's (whose files engine_info hashed)."""
+        try:
+            installed = {os.path.realpath(f.locate()) for d in self.DISTS for f in metadata.distribution(d).files or ()
+                         if self.LIBRARY.search(f.name)}
+        except metadata.PackageNotFoundError as e:
+            return f"{e.name} is not installed"
+        loaded = [p for p in eff.get("libraries") or [] if self.RUNTIME.search(os.path.basename(p))]
+        if not loaded:
+            return "the worker reported no ONNX Runtime library loaded"
+        foreign = [p for p in loaded if p not in installed]
+        return f"the worker loaded {foreign[0]}, which is not the hashed build" if foreign else None

@@ -1,0 +1,8 @@
+"""Speech engines: text in, an audio stream out, speaking a voice of harness/voices.py.
+
+    base.py     what they share: one fresh worker per run, every chunk stamped, the metrics from the stamps, the
+                settings read back, the libraries checked
+    piper.py    Piper (piper-tts) on the ONNX Runtime wheel
+    sherpa.py   sherpa-onnx's OfflineTts (VITS) on its own ONNX Runtime, the same voice file
+    worker.py   the worker (the only module that imports piper or sherpa_onnx)
+"""

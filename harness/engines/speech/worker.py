@@ -1,0 +1,136 @@
+"""One speech measurement in a fresh process: `python worker.py REQUEST.json RESULT.json`.
+
+Run by harness/engines/speech/base.py (under taskset, like every engine process); the only module here that imports
+piper or sherpa_onnx. It loads the voice (REQUEST's `engine`: piper, its own ONNX Runtime session with intra-op
+threads as asked and inter-op 1; sherpa-onnx, an OfflineTts with num_threads as asked and one sentence per chunk),
+initializes the phonemizer with one word, then per request (warm-ups first) hands the text to the engine and stamps
+each audio chunk as it arrives with time.perf_counter() from the call (piper: as synthesize yields it; sherpa-onnx:
+in generate's callback, called as each chunk is made); a chunk's duration is its samples / the
+voice's sample rate. Noise scales 0: deterministic. Read back: the threads that ran the voice (from the kernel), the
+engine's thread setting, the CPU affinity, the ONNX Runtime and engine libraries mapped, the versions, and each
+stream's audio sha256 (int16 PCM). Standard library, the engine, numpy and harness/engines/workerlib.py only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+# started as a script: its folder (harness/engines/speech) must not stand in front of the real packages
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+from harness.engines.workerlib import add_busy, main, running_threads, thread_times_ns  # noqa: E402
+
+LIBS = ("libonnxruntime", "onnxruntime_pybind11_state", "espeakbridge", "_sherpa_onnx", "libsherpa-onnx")
+
+
+def loaded_libraries() -> list[str]:
+    """The ONNX Runtime and engine shared libraries mapped into this process (their real paths)."""
+    out = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            name = os.path.basename(parts[-1]) if len(parts) >= 6 else ""
+            if name.startswith(LIBS) and ".so" in name:
+                out.add(os.path.realpath(parts[-1]))
+    return sorted(out)
+
+
+def load_piper(req: dict):
+    """(a function of a text yielding its chunks' float samples, the sample rate, what it reads back)."""
+    from importlib import metadata
+
+    import onnxruntime as ort
+    from piper.config import PiperConfig, SynthesisConfig
+    from piper.voice import PiperVoice
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(req["threads"])
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    sess = ort.InferenceSession(req["onnx"], sess_options=so, providers=["CPUExecutionProvider"])
+    with open(req["config"], encoding="utf-8") as f:
+        voice = PiperVoice(session=sess, config=PiperConfig.from_dict(json.load(f)))
+    voice.phonemize("Ready.")  # espeak-ng initializes on its first call: start-up, not the first request
+    syn = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0, normalize_audio=False)
+    opts = sess.get_session_options()
+
+    def speak(text: str, t0: float):
+        for chunk in voice.synthesize(text, syn):
+            yield time.perf_counter() - t0, chunk.audio_float_array
+
+    return speak, int(voice.config.sample_rate), {
+        "intra_op_num_threads": opts.intra_op_num_threads, "inter_op_num_threads": opts.inter_op_num_threads,
+        "providers": sess.get_providers(), "noise_scale": syn.noise_scale, "noise_w_scale": syn.noise_w_scale,
+        "length_scale": voice.config.length_scale, "normalize_audio": syn.normalize_audio,
+        "piper_version": metadata.version("piper-tts"), "onnxruntime_version": ort.__version__}
+
+
+def load_sherpa(req: dict):
+    from importlib import metadata
+
+    import sherpa_onnx
+    with open(req["config"], encoding="utf-8") as f:
+        length_scale = float(json.load(f).get("inference", {}).get("length_scale", 1.0))
+    vits = sherpa_onnx.OfflineTtsVitsModelConfig(model=req["onnx"], tokens=req["tokens"], data_dir=req["espeak_data"],
+                                                 noise_scale=0.0, noise_scale_w=0.0, length_scale=length_scale)
+    cfg = sherpa_onnx.OfflineTtsConfig(model=sherpa_onnx.OfflineTtsModelConfig(
+        vits=vits, num_threads=int(req["threads"]), provider="cpu"), max_num_sentences=1)
+    tts = sherpa_onnx.OfflineTts(cfg)
+    tts.generate("Ready.", sid=0, speed=1.0)  # its phonemizer's first call: start-up, not the first request
+
+    def speak(text: str, t0: float):
+        # generate() calls back once per chunk as it makes it: each chunk is stamped in the callback
+        chunks = []
+
+        def cb(samples, progress):
+            chunks.append((time.perf_counter() - t0, samples.copy()))
+            return 1  # go on
+
+        tts.generate(text, sid=0, speed=1.0, callback=cb)
+        return chunks
+
+    return speak, int(tts.sample_rate), {
+        "num_threads": cfg.model.num_threads, "max_num_sentences": cfg.max_num_sentences, "noise_scale": 0.0,
+        "noise_w_scale": 0.0, "length_scale": length_scale, "sherpa_onnx_version": metadata.version("sherpa-onnx"),
+        "espeak_data": req["espeak_data"], "derived": req.get("derived")}
+
+
+def measure(req: dict) -> dict:
+    import numpy as np
+    t = time.perf_counter()
+    speak, sr, readback = (load_sherpa if req["engine"] == "sherpa-onnx" else load_piper)(req)
+    load_s = time.perf_counter() - t
+    ready_unix = time.time()
+    streams, busy_ns = [], {}
+    for r in req["requests"]:
+        before = thread_times_ns()
+        arrivals, durations, digest = [], [], hashlib.sha256()
+        t0 = time.perf_counter()
+        for at, audio in speak(r["text"], t0):
+            arrivals.append(at)
+            durations.append(len(audio) / sr)
+            digest.update((np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0) * 32767).astype("<i2").tobytes())
+        after = thread_times_ns()
+        if not r["warmup"]:
+            add_busy(busy_ns, before, after)
+        if not arrivals:
+            return {"status": "failed", "error": f"no audio for text {r['id']!r}"}
+        streams.append({"warmup": bool(r["warmup"]), "id": r["id"], "arrivals_s": arrivals, "durations_s": durations,
+                        "samples": [round(d * sr) for d in durations], "audio_sha256": digest.hexdigest()})
+    running = running_threads(busy_ns)
+    return {"status": "ok", "streams": streams, "load_s": load_s, "ready_unix": ready_unix,
+            "effective": {"threads": len(running), "thread_cpu_s": [round(ns / 1e9, 6) for ns in running],
+                          "cpu_affinity": sorted(os.sched_getaffinity(0)), "sample_rate": sr, **readback,
+                          "libraries": loaded_libraries(), "chunks": [len(s["arrivals_s"]) for s in streams]}}
+
+
+def fidelity(req: dict) -> dict:
+    return {"status": "failed", "error": "a speech engine has no token fidelity mode"}
+
+
+if __name__ == "__main__":
+    sys.exit(main(measure, fidelity))
