@@ -323,6 +323,25 @@ class FidelityArtifact(EngineStamped):
     failures: list[str] = Field(default_factory=list, description="each threshold missed, and where prompts diverged")
 
 
+class AudioFidelityArtifact(EngineStamped):
+    """One speech build's audio against its engine's full-precision voice over the committed texts (docs/speech.md)."""
+    kind: Literal["audio-fidelity"] = "audio-fidelity"
+    status: Literal["ok", "failed", "timeout"]
+    error: str | None = None
+    stderr_tail: str | None = None
+    grid: FidelityGridRef
+    texts: dict[str, Any] = Field(description="the committed text sets spoken (name -> sha256) and the texts' ids")
+    reference: dict[str, Any] = Field(description="engine, form, model sha256s and each text's audio sha256 of the "
+                                                  "reference, spoken in the same call")
+    cross_engine: bool = Field(False, description="always false: a speech build is gated on its own engine's voice")
+    items: list[dict[str, Any]] = Field(description="per text: samples, the reference's, duration ratio, log-spectral "
+                                                    "distance (dB, aligned), identical, audio sha256")
+    summary: dict[str, float | int | None]
+    thresholds: dict[str, float]
+    verdict: Literal["pass", "fail", "error"]
+    failures: list[str] = Field(default_factory=list)
+
+
 class CalibrationSource(Frozen):
     name: Literal["calibration"] = "calibration"
     path: str = Field(description="the command that measured it")
@@ -338,7 +357,8 @@ class CalibrationArtifact(Stamped):
 
 
 ARTIFACT_TYPES: dict[str, type[BaseModel]] = {"run": RunArtifact, "reference": ReferenceArtifact,
-                                              "fidelity": FidelityArtifact, "calibration": CalibrationArtifact}
+                                              "fidelity": FidelityArtifact, "calibration": CalibrationArtifact,
+                                              "audio-fidelity": AudioFidelityArtifact}
 
 LEGACY_IDENTITY = {"status": "legacy: identity not recorded", "source": "unknown", "sha256": "unknown"}
 

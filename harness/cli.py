@@ -433,7 +433,7 @@ def _run_verbs(sub: Any) -> None:
     fss.add_argument("--insecure", action="store_true")
     fss.set_defaults(func=cmd_fleet_status)
 
-    sf = sub.add_parser("fidelity", help="greedy fidelity of each build against its bf16 reference; exit 1 below threshold")
+    sf = sub.add_parser("fidelity", help="greedy fidelity of each build against its bf16 reference (a voice's grid: its audio against its fp32; docs/speech.md); exit 1 below threshold")
     sf.add_argument("grid")
     sf.add_argument("--store", default="artifacts", help="where fidelity artifacts go (<store>/<grid>/)")
     sf.add_argument("--references", default="baselines/quality", help="where reference artifacts go (<dir>/<grid>/)")

@@ -74,6 +74,18 @@ def fidelity(*, status: str, error: str | None, stderr_tail: str | None, grid: F
                                   thresholds=thresholds, verdict=verdict, failures=failures))
 
 
+def audio_fidelity(*, status: str, error: str | None, stderr_tail: str | None, grid: FidelityGridRef, model: dict,
+                   engine: dict, harness: dict, host: dict, timing: dict, execution: Execution, texts: dict,
+                   reference: dict, items: list[dict], summary: dict, thresholds: dict, verdict: str,
+                   failures: list[str]) -> Any:
+    from harness.artifact import AudioFidelityArtifact
+    return stamp(AudioFidelityArtifact(id=_UNSTAMPED, status=status, error=error, stderr_tail=stderr_tail, grid=grid,
+                                       model=model, engine=engine, harness=harness, host=host,
+                                       timing=Timing(**timing), execution=execution, texts=texts, reference=reference,
+                                       items=items, summary=summary, thresholds=thresholds, verdict=verdict,
+                                       failures=failures))
+
+
 def calibration(*, command: str, host: dict, timing: dict, method: dict, results: list[dict]) -> CalibrationArtifact:
     return stamp(CalibrationArtifact(id=_UNSTAMPED, grid=CalibrationSource(path=command),
                                      harness=provenance.harness_info(), host=host, timing=Timing(**timing),

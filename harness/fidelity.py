@@ -319,8 +319,15 @@ def _references(g: FidelityGrid, ref_opts: dict, eng_blocks: dict, refs: Store, 
 
 def run_fidelity(grid_path: str, store_root: str = "artifacts", references_root: str = "baselines/quality",
         out=None) -> FidelityRun:
-    out = out or sys.stderr
     g = load_grid(grid_path)
+    if not isinstance(g, FidelityGrid):  # a voice's grid: audio fidelity (harness/workloads/speech/fidelity.py)
+        from harness.workloads.speech import fidelity as speech
+        return speech.run(g, store_root, out)  # type: ignore[return-value]
+    return _run_greedy(g, store_root, references_root, out or sys.stderr)
+
+
+def _run_greedy(g: FidelityGrid, store_root: str, references_root: str, out: Any) -> FidelityRun:
+    """Every build of a language model's fidelity grid against its engine's reference (generated once, stored)."""
     prompts = load_prompts(g)
     store, refs = Store(Path(store_root)), Store(Path(references_root))
     workroot = lifecycle.new_root("fidelity")

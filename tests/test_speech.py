@@ -124,3 +124,77 @@ def test_real_runs_record_every_chunk_and_check_accepts_them(tmp_path, write_gri
         assert seen.setdefault(t, h) == h
     _, problems = check.check([str(tmp_path / "store")], allow_unknown_commit=True)
     assert not [p for p in problems if "harness.dirty" not in p], problems
+
+
+def test_the_aligned_log_spectral_distance():
+    import numpy as np
+
+    from harness.workloads.speech import fidelity as F
+    rng = np.random.default_rng(0)
+    t = np.arange(22050) / 22050
+    voice = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    assert F.lsd_dtw(voice, voice) < 1e-3
+    # the same sound 5% slower (resampled) stays close once aligned; the same length of noise is far
+    slow = np.interp(np.arange(int(len(voice) * 1.05)) / 1.05, np.arange(len(voice)), voice).astype(np.float32)
+    noise = rng.normal(0, 0.3, len(voice)).astype(np.float32)
+    assert F.lsd_dtw(voice, slow) < 3.0 < 10.0 < F.lsd_dtw(voice, noise)
+    rows = F.compare([{"id": "a", "audio": voice}, {"id": "b", "audio": voice}],
+                     [{"audio": voice, "audio_sha256": "x"}, {"audio": noise[:11025], "audio_sha256": "y"}])
+    assert rows[0]["identical"] and rows[0]["lsd_db"] == 0.0 and rows[1]["duration_ratio"] == 0.5
+    s = F.summarize(rows)
+    assert s["identical_share"] == 0.5 and s["min_duration_ratio"] == 0.5
+    fails = F.gate(s, {"max_mean_lsd_db": 6.0, "min_duration_ratio": 0.9})
+    assert len(fails) == 2 and "min_duration_ratio" in fails[1]
+
+
+FIDELITY = """
+kind: fidelity
+name: spfid
+model: joe-us-medium
+texts: [short]
+threads: 1
+thresholds: {max_mean_lsd_db: 6.0, min_duration_ratio: 0.9, max_duration_ratio: 1.1}
+builds:
+  - {name: fp32, engine: piper, form: voice-fp32}
+  - {name: garbled, engine: piper, form: voice-int8}
+"""
+
+
+def test_a_garbled_form_fails_audio_fidelity_and_its_speed_gets_no_verdict(tmp_path, write_grid, monkeypatch, cli):
+    """The fp32 build is its reference, sample for sample; a form whose weights are perturbed (standing in for
+    voice-int8 here) speaks, is far from it, and fails: the report gives its runs no verdict."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    real_dir = voices.form_dir
+    garbled = tmp_path / "garbled"
+    garbled.mkdir()
+    src = voices.ensure("joe-us-medium", "voice-fp32")
+    m = onnx.load(str(src / voices.ONNX_NAME))
+    rng = np.random.default_rng(0)
+    for t in m.graph.initializer:
+        w = numpy_helper.to_array(t)
+        if w.dtype == np.float32 and w.size > 10000:
+            t.CopyFrom(numpy_helper.from_array((w + rng.normal(0, w.std() * 2, w.shape)).astype(np.float32), t.name))
+    onnx.save(m, str(garbled / voices.ONNX_NAME))
+    shutil.copyfile(src / voices.CONFIG_NAME, garbled / voices.CONFIG_NAME)
+    files = {p.name: {"size": p.stat().st_size, "sha256": voices.sha256_file(p)} for p in sorted(garbled.iterdir())}
+    (garbled / "manifest.json").write_text(json.dumps({"name": "joe-us-medium", "form": "voice-int8", "recipe": {
+        "perturbed": "test"}, "files": files}))
+    monkeypatch.setattr(voices, "form_dir", lambda name, form: garbled if form == "voice-int8" else real_dir(name, form))
+    rc, out, err = cli("fidelity", write_grid(FIDELITY, "fid.yaml"), "--store", tmp_path / "store")
+    assert rc == 1, err
+    docs = {d["grid"]["build"]: d for d in (json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths())}
+    fp32, bad = docs["fp32"], docs["garbled"]
+    assert fp32["verdict"] == "pass" and fp32["summary"]["identical_share"] == 1.0
+    assert fp32["reference"]["audio_sha256"] == [i["audio_sha256"] for i in fp32["items"]]
+    assert bad["verdict"] == "fail" and bad["summary"]["mean_lsd_db"] > 6.0 and bad["failures"]
+    _, problems = check.check([str(tmp_path / "store")], allow_unknown_commit=True)
+    assert not [p for p in problems if "harness.dirty" not in p], problems
+    # the gate the report reads for a speed run of each build: pass, and fail (no verdict)
+    from harness.analysis import fidelity_gates, gate
+    from harness.store import load_path
+    arts = {a.grid.build: a for a in map(load_path, Store(tmp_path / "store").iter_paths())}
+    gates = fidelity_gates(list(arts.values()))
+    assert gate(arts["fp32"], gates) == "pass" and gate(arts["garbled"], gates) == "fail"

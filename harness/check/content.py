@@ -40,6 +40,9 @@ REQUIRED = {
                            "prompt_set.chat_template_sha256", "prompt_set.tokenizer_sha256", "decoding", "reference.id",
                            "reference.model_sha256", "reference.engine_build", "reference.prompt_set_sha256", "verdict"),
                  ("execution.effective", "prompts", "summary")),
+    "audio-fidelity": (COMMON + ("grid.build", "model.files", "texts.sets", "texts.ids", "reference.engine",
+                                 "reference.form", "reference.model_sha256", "thresholds", "verdict"),
+                       ("execution.effective", "items", "summary", "reference.audio_sha256")),
     "calibration": (("grid.name", "grid.path", "harness.version", "harness.commit", "method", "results",
                      "timing.start", "timing.end") + HOST, ()),
 }

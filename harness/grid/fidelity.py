@@ -87,6 +87,10 @@ def from_dict(doc: Any, sp: str, sha: str) -> FidelityGrid:
     if doc.get("kind") != "fidelity":
         raise _err(sp, "kind", f"is {doc.get('kind')!r}, not fidelity", "`harness fidelity` runs grids with kind: fidelity; "
                    "use `harness run` for speed grids")
+    from harness import voices
+    if voices.known(doc.get("model")):  # a voice: audio fidelity (harness/workloads/speech/fidelity.py)
+        from harness.workloads.speech.fidelity import from_dict as speech_grid
+        return speech_grid(doc, sp, sha)  # type: ignore[return-value]
     only_fields(sp, "", doc, TOP_FIELDS)
     name = grid_name(sp, doc.get("name"))
     model = doc.get("model")

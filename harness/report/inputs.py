@@ -55,7 +55,7 @@ def collect(store_dirs: list[str], listing: list | None = None, inputs: list | N
             where.setdefault(a.id, str(d))
             if a.kind == "run":
                 by_grid[a.grid.name].append(a)
-            elif a.kind == "fidelity":
+            elif a.kind in ("fidelity", "audio-fidelity"):
                 fidelity[a.grid.name].append(a)
             elif a.kind == "calibration":
                 calibrations.append(a)

@@ -384,6 +384,9 @@ def _speed_of(newest: Newest, host: str, engine: str, form: str, threads: int,
 def fidelity_section(name: str, all_arts: list, newest: Newest, ceiling_grids: tuple[str, ...] = ()) -> dict:
     """The newest result of each build (and cross-engine pair) of a fidelity grid on one host (`all_arts`
     are that host's), beside its speed on the same host."""
+    if all_arts and all_arts[0].kind == "audio-fidelity":  # a voice's grid: its own view
+        from harness.workloads.speech.views import audio_fidelity_section
+        return audio_fidelity_section(name, all_arts, describe, _span)
     arts = analysis.newest_series(all_arts)
     latest = max(arts, key=lambda a: a.timing.end)
     by_build: dict[tuple, Any] = {}

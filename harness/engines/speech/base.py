@@ -152,6 +152,36 @@ class SpeechEngine(Engine, Limits, Speaks):
                                                                    "startup_s times its load"},
                             prompt_token_hash=f"texts sha256 {texts.set_sha256(name)}")
 
+    def speak_all(self, model: str, form: str, spoken: list[tuple[str, str]], threads: int, cpus: list[int],
+                  workdir: Path, timeout_s: float) -> dict[str, Any]:
+        """Every (id, text) spoken whole by one fresh worker (audio fidelity, harness/workloads/speech/fidelity.py):
+        {status, items: [{id, audio (float32 samples), audio_sha256}], effective, engine, command, env, error, stderr}."""
+        import numpy as np
+
+        from harness import voices
+        d = voices.ensure(model, form)
+        audio_out = workdir / "audio.npz"
+        req = {"engine": self.name, "threads": threads, **self.voice_files(d, form), "audio_out": str(audio_out),
+               "texts": [{"id": i, "text": t} for i, t in spoken]}
+        req_path, out_path = workdir / "request.json", workdir / "result.json"
+        req_path.write_text(json.dumps(req))
+        env_rec = {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}, **WORKER_ENV,
+                   "PYTHONNOUSERSITE": "1"}
+        cmd = affinity_prefix(cpus, None) + [sys.executable, str(WORKER), "--fidelity", str(req_path), str(out_path)]
+        info = self.engine_info()
+        w = run_worker(cmd, {**os.environ, **env_rec}, timeout_s, out_path, f"{self.name} fidelity worker")
+        common = {"engine": info, "command": cmd, "env": env_rec}
+        if w.status != "ok":
+            return {**common, "status": w.status, "error": w.error, "stderr": w.stderr[-4000:]}
+        res = w.result or {}
+        foreign = self._foreign_libraries(res.get("effective") or {})
+        if foreign:
+            return {**common, "status": "failed", "error": foreign}
+        with np.load(audio_out) as z:
+            audio = [z[f"t{k}"] for k in range(len(spoken))]
+        return {**common, "status": "ok", "effective": res["effective"],
+                "items": [{**it, "audio": a} for it, a in zip(res["items"], audio)]}
+
     def _foreign_libraries(self, eff: dict) -> str | None:
         """A loaded ONNX Runtime library that is not the installed wheel's (whose files engine_info hashed)."""
         try:
