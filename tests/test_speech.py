@@ -198,3 +198,6 @@ def test_a_garbled_form_fails_audio_fidelity_and_its_speed_gets_no_verdict(tmp_p
     arts = {a.grid.build: a for a in map(load_path, Store(tmp_path / "store").iter_paths())}
     gates = fidelity_gates(list(arts.values()))
     assert gate(arts["fp32"], gates) == "pass" and gate(arts["garbled"], gates) == "fail"
+    from harness import report
+    page = report.render([str(tmp_path / "store")])
+    assert "## Audio fidelity: spfid" in page and "| garbled | piper | voice-int8 | fail |" in page
