@@ -201,3 +201,61 @@ def test_a_garbled_form_fails_audio_fidelity_and_its_speed_gets_no_verdict(tmp_p
     from harness import report
     page = report.render([str(tmp_path / "store")])
     assert "## Audio fidelity: spfid" in page and "| garbled | piper | voice-int8 | fail |" in page
+
+
+@pytest.mark.parametrize("engine,dist", [("piper", "piper-tts"), ("sherpa-onnx", "sherpa-onnx")])
+def test_a_missing_or_other_engine_version_is_one_line_naming_the_extra(monkeypatch, engine, dist):
+    from importlib import metadata
+
+    from harness.engines import get_engine
+    from harness.engines.speech import base
+
+    def gone(d):
+        raise metadata.PackageNotFoundError(d)
+    monkeypatch.setattr(base.metadata, "version", gone)
+    with pytest.raises(UserError) as e:
+        get_engine(engine).check("joe-us-medium", "voice-fp32")
+    assert f"{dist} is not installed" in str(e.value) and "[speech]" in str(e.value)
+    monkeypatch.setattr(base.metadata, "version", lambda d: "0.0.1")
+    with pytest.raises(UserError, match="the harness pins"):
+        get_engine(engine).check("joe-us-medium", "voice-fp32")
+
+
+SERVED = """
+name: {name}
+model: joe-us-medium
+arms:
+  - {{name: a, engine: {engine}, form: voice-fp32}}
+workload: {{text: long, load: {{requests: 3, concurrency: 2}}}}
+threads: 1
+passes: 1
+repetitions: 1
+warmups: 1
+timeout_s: 300
+"""
+
+
+@pytest.mark.parametrize("engine", ["piper", "sherpa-onnx"])
+def test_a_served_voice_streams_every_chunk_under_the_load(tmp_path, write_grid, engine):
+    g = write_grid(SERVED.format(name="spsrv", engine=engine))
+    execute.run_grid(str(g), store_root=tmp_path / "store")
+    (path,) = Store(tmp_path / "store").iter_paths("spsrv")
+    doc = json.loads(path.read_text())
+    assert doc["status"] == "ok", (doc.get("error"), doc.get("stderr_tail"))
+    (rep,) = doc["serving"]["repetitions"]
+    assert rep["most_in_flight"] == 2 and len(rep["requests"]) == 3 and len(rep["warmup_requests"]) == 1
+    for r in rep["requests"]:  # a long text: a chunk per sentence, each stamped as it arrived
+        assert r["error"] is None and r["sample_rate"] == 22050 and len(r["samples"]) >= 4
+        assert r["arrivals_s"] == sorted(r["arrivals_s"]) and r["end_s"] >= r["send_s"]
+    m = doc["metrics"]
+    assert 0 <= m["stall_free_share"]["samples"][0] <= 1 and m["served_ttfa_p50_s"]["samples"][0] > 0
+    assert doc["execution"]["settings"]["load.concurrency"]["effective"] == 2
+    assert doc["workload"]["load"] == {"requests": 3, "concurrency": 2} and doc["workload"]["speech"]["text_set"] == "long"
+    _, problems = check.check([str(tmp_path / "store")], allow_unknown_commit=True)
+    assert not [p for p in problems if "harness.dirty" not in p], problems
+
+
+def test_a_served_speech_grid_refuses_token_bounds(write_grid, cli):
+    rc, out, err = cli("plan", write_grid(SERVED.format(name="spslo", engine="piper").replace(
+        "load: {requests: 3, concurrency: 2}}", "load: {requests: 3, concurrency: 2}, slo: {ttft_s: 1.0}}")))
+    assert rc == 2 and "workload.slo" in err and len(err.strip().splitlines()) == 1, err

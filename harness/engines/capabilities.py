@@ -201,7 +201,10 @@ class Patches:
 
 
 class Serves:
-    """A server engine (harness/engines/server): the serving workload kind sends it a load, and only it."""
+    """A server engine (harness/engines/server): the serving workload kind sends it a load, and only it. A speech
+    engine serves too, where its grid gives a load (load_required False: it also runs in-process without one)."""
+
+    load_required: ClassVar[bool] = True
 
     def refuse_load(self, path: str, arm: "Arm", load: dict[str, Any]) -> None:
         """Refuse a load this arm cannot be sent (its client's limits), in one line naming the grid's field."""

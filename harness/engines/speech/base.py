@@ -22,12 +22,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import Field
+
 from harness.engines import wheels
 from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, run_worker, setting
-from harness.engines.capabilities import Limits, Speaks
+from harness.engines.capabilities import Limits, Serves, Speaks
 from harness.engines.workerlib import RUNNING_THREADS
 from harness.errors import UserError
-from harness.workloads.speech.playback import SPEECH_METRICS
+from harness.workloads.speech.playback import SERVED_METRICS, SPEECH_METRICS
 
 INSTALL_FIX = "pip install -e '.[speech]' in the project's venv (make installs it)"
 WORKER = Path(__file__).with_name("worker.py")
@@ -35,7 +37,12 @@ ENV_PREFIXES = ("ORT_", "OMP_", "OPENBLAS_")
 WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}  # numpy's pool never runs the voice: kept from spinning beside it
 
 
-class SpeechEngine(Engine, Limits, Speaks):
+class SpeechOptions(Options):
+    workers: int | None = Field(None, ge=1, le=64, description="served (a grid with a load): requests the server "
+                                                               "speaks at once (default: the load's concurrency)")
+
+
+class SpeechEngine(Engine, Limits, Speaks, Serves):
     """A speech engine: its distribution pinned (DIST, PIN), the distributions whose libraries it loads (DISTS,
     LIBRARY), the thread setting it reads back (THREADS_KEY) and how the worker stamps its chunks (timestamps)."""
 
@@ -45,17 +52,20 @@ class SpeechEngine(Engine, Limits, Speaks):
     LIBRARY: ClassVar[re.Pattern] = re.compile(r"$^")
     RUNTIME: ClassVar[re.Pattern] = re.compile(r"libonnxruntime")  # the loaded libraries that must be the hashed ones
     THREADS_KEY: ClassVar[str] = ""
+    MAX_WORKERS: ClassVar[int | None] = None  # requests its server can speak at once (None: as many as asked)
     timestamps: ClassVar[str] = ""
     weight_files = {"piper-onnx": (".onnx",)}
     default_form = "voice-fp32"
     form_prefix = "voice-"
     form_hint = "a speech engine speaks a voice's forms: voice-fp32, voice-int8 (harness/voices.py)"
-    Options = Options  # threads only
-    honours = frozenset({"warmups", "repetitions"})
+    Options = SpeechOptions
+    honours = frozenset({"warmups", "repetitions", "load"})
     max_batch = 1
-    metrics = tuple(SPEECH_METRICS)  # the speech kind's (harness/workloads/speech/playback.py)
+    metrics = tuple(SPEECH_METRICS) + tuple(SERVED_METRICS)  # the speech kind's (harness/workloads/speech/playback.py)
+    load_required = False  # in-process without a load; served (server.py) with one
     observe_only = frozenset({"dtype"})  # the form's types
     env_prefixes = ENV_PREFIXES
+    worker_env = WORKER_ENV
     chunking = ("sentence",)
 
     def require(self) -> str:
@@ -106,6 +116,10 @@ class SpeechEngine(Engine, Limits, Speaks):
         return {"onnx": str(voice_dir / voices.ONNX_NAME), "config": str(voice_dir / voices.CONFIG_NAME)}
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
+        from harness.workloads.serving import grid as serving_grid
+        if serving_grid.load(ctx.spec) is not None:
+            from harness.engines.speech.served import run_served
+            return run_served(self, ctx, form)
         from harness import voices
         from harness.workloads.speech import playback, texts
         d = voices.ensure(ctx.model, form)

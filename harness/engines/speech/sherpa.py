@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.engines.speech.base import SpeechEngine
+from harness.engines.speech.base import INSTALL_FIX, SpeechEngine
+from harness.errors import UserError
 from harness.paths import sha256_file
 
 DERIVED = 1  # bump when the derived files change
@@ -27,6 +28,7 @@ class SherpaOnnx(SpeechEngine):
     DISTS = ("sherpa-onnx", "sherpa-onnx-core")
     LIBRARY = re.compile(r"(libonnxruntime\.so(\.[\d.]+)?|_sherpa_onnx\.[\w-]+\.so|libsherpa-onnx-c(xx)?-api\.so)$")
     THREADS_KEY = "num_threads"
+    MAX_WORKERS = 1  # OfflineTts.generate is called one request at a time
     timestamps = ("time.perf_counter() in the worker at each call of OfflineTts.generate's callback (one per sentence: "
                   "max_num_sentences 1), relative to the call with the request's text (phonemization included)")
 
@@ -39,7 +41,11 @@ class SherpaOnnx(SpeechEngine):
         model, tokens = out / "model.onnx", out / "tokens.txt"
         if not (model.is_file() and tokens.is_file()):
             _derive(src, cfg_path, out)
-        import piper
+        try:
+            import piper
+        except ImportError:
+            raise UserError(f"engine {self.name}", "piper-tts is not installed: sherpa-onnx reads its espeak-ng data",
+                            INSTALL_FIX) from None
         data = Path(piper.__file__).parent / "espeak-ng-data"
         return {"onnx": str(model), "tokens": str(tokens), "config": str(cfg_path), "espeak_data": str(data),
                 "derived": {"model_sha256": sha256_file(model), "tokens_sha256": sha256_file(tokens),

@@ -176,7 +176,7 @@ def validate_load(spec: GridSpec) -> None:
             raise err(spec.path, "workload.batch", "a server engine takes a load, not a batch",
                       "drop batch; set workload.load.concurrency")
     else:
-        srv = [n for n, s in serves.items() if s]
+        srv = [n for n, s in serves.items() if s and capability(get_engine(spec.arm(n).engine), Serves).load_required]
         if srv:
             raise err(spec.path, "workload.load", f"is required: arm {srv[0]!r} runs a server engine",
                       "add workload.load: {concurrency: N, requests: M} (docs/serving.md)")

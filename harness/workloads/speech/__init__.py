@@ -14,7 +14,7 @@ from typing import Any
 from harness.grid.spec import err, short
 from harness.workloads.base import WorkloadKind
 from harness.workloads.speech import texts
-from harness.workloads.speech.playback import SPEECH_METRICS
+from harness.workloads.speech.playback import SERVED_METRICS, SPEECH_METRICS
 
 KIND = "speech"
 CHUNKING = ("sentence",)  # what the engines here stream in: a chunk per sentence (Piper's own unit)
@@ -28,7 +28,7 @@ def is_speech(fixed: dict[str, Any], axes: dict[str, list]) -> bool:
 
 class Speech(WorkloadKind):
     name = KIND
-    metrics = SPEECH_METRICS
+    metrics = {**SPEECH_METRICS, **SERVED_METRICS}
 
     def parse(self, path: str, workload: dict[str, Any], axes: dict[str, list]) -> tuple[dict[str, Any], dict]:
         text, chunking = workload.pop("text", None), workload.pop("chunking", None)
@@ -71,6 +71,9 @@ class Speech(WorkloadKind):
         from harness.engines.capabilities import Speaks
         from harness import voices
         speech = bool(self.fields(spec))
+        if speech and (spec.kinds.get("serving") or {}).get("slo") is not None:  # the serving kind's field
+            raise err(spec.path, "workload.slo", "bounds token latencies; served speech's goodput is its stall-free "
+                      "streams (stall_free_streams_s)", "drop workload.slo (docs/speech.md)")
         if speech:
             for m in spec.axes.get("model") or [spec.model]:
                 if not voices.known(m):

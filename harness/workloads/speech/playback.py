@@ -32,6 +32,22 @@ for _q in ("p50", "p90", "p99", "max"):
     SPEECH_METRICS[f"chunk_gap_{_q}_s"] = (
         "s", False, f"the {_q} of the gaps between consecutive chunk arrivals (a_i - a_(i-1)) within a stream "
                     "(linear interpolation between order statistics); streams of two chunks or more" + PER)
+_REP = "; per repetition"
+# A served run (workload.load): each repetition sends many requests at once; its figures are over them.
+SERVED_METRICS: dict[str, tuple[str, bool, str]] = {
+    "served_ttfa_p50_s": ("s", False, "the median over the repetition's requests of the time from a request's send to "
+                                      "its first audio chunk's last byte" + _REP),
+    "served_ttfa_p90_s": ("s", False, "the p90 over the repetition's requests of the time from a request's send to its "
+                                      "first audio chunk's last byte" + _REP),
+    "served_rtf_p50": ("ratio", False, "the median over the repetition's requests of (the last chunk's arrival after "
+                                       "the send) / the audio's duration" + _REP),
+    "stall_free_share": ("share", True, "requests whose stream plays without an underrun when playback starts at its "
+                                        "first chunk (the playback model's stall_count 0), of the requests sent" + _REP),
+    "stall_free_streams_s": ("req/s", True, "stall-free streams / (the last response's end - the first send): the "
+                                            "goodput of speech" + _REP),
+    "served_audio_s_per_s": ("s of audio/s", True, "seconds of audio delivered by the requests that completed / (the "
+                                                   "last response's end - the first send)" + _REP),
+}
 MULTI_CHUNK = ("rtf_streamed", "chunk_gap_p50_s", "chunk_gap_p90_s", "chunk_gap_p99_s", "chunk_gap_max_s")
 
 
@@ -75,6 +91,32 @@ def stream_figures(arrivals: list[float], durations: list[float]) -> dict[str, f
             out["rtf_streamed"] = (arrivals[-1] - arrivals[0]) / rest
         for q, v in (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100)):
             out[f"chunk_gap_{q}_s"] = percentile(gaps, v)
+    return out
+
+
+def served_metrics(repetitions: list[dict[str, Any]], startup_s: float) -> dict[str, dict]:
+    """A served run's metrics: per repetition, its requests' records ({send_s, end_s, arrivals_s, samples,
+    sample_rate, error}) through the playback model; startup_s once."""
+    reps = []
+    for rep in repetitions:
+        recs = rep["requests"]
+        ok = [(r, stream_figures(r["arrivals_s"], [s / r["sample_rate"] for s in r["samples"]]))
+              for r in recs if not r["error"]]
+        span = max(r["end_s"] for r in recs) - min(r["send_s"] for r in recs)
+        free = sum(1 for _, f in ok if f["stall_count"] == 0)
+        figs = {"stall_free_share": free / len(recs), "stall_free_streams_s": free / span,
+                "served_audio_s_per_s": sum(f["audio_s"] for _, f in ok) / span}
+        if ok:
+            figs |= {"served_ttfa_p50_s": percentile([f["ttfa_s"] for _, f in ok], 50),
+                     "served_ttfa_p90_s": percentile([f["ttfa_s"] for _, f in ok], 90),
+                     "served_rtf_p50": percentile([f["rtf"] for _, f in ok], 50)}
+        reps.append(figs)
+    out = {"startup_s": {"unit": "s", "higher_is_better": False, "definition": SPEECH_METRICS["startup_s"][2],
+                         "samples": [startup_s], "warmup_samples": []}}
+    for name, (unit, hib, definition) in SERVED_METRICS.items():
+        if reps and all(name in f for f in reps):
+            out[name] = {"unit": unit, "higher_is_better": hib, "definition": definition,
+                         "samples": [f[name] for f in reps], "warmup_samples": []}
     return out
 
 
