@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 # started as a script: its folder (harness/engines/speech) must not stand in front of the real packages
@@ -60,9 +59,10 @@ def main() -> int:
                 if one_at_a_time is not None:
                     one_at_a_time.acquire()
                 try:
-                    for _, audio in speak(text, time.perf_counter()):
+                    def emit(audio) -> None:  # each chunk to the response as the engine makes it
                         pcm = (np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0) * 32767).astype("<i2").tobytes()
                         loop.call_soon_threadsafe(q.put_nowait, pcm)
+                    speak(text, emit)
                 finally:
                     if one_at_a_time is not None:
                         one_at_a_time.release()

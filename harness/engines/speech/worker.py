@@ -4,8 +4,8 @@ Run by harness/engines/speech/base.py (under taskset, like every engine process)
 piper or sherpa_onnx. It loads the voice (REQUEST's `engine`: piper, its own ONNX Runtime session with intra-op
 threads as asked and inter-op 1; sherpa-onnx, an OfflineTts with num_threads as asked and one sentence per chunk),
 initializes the phonemizer with one word, then per request (warm-ups first) hands the text to the engine and stamps
-each audio chunk as it arrives with time.perf_counter() from the call (piper: as synthesize yields it; sherpa-onnx:
-in generate's callback, called as each chunk is made); a chunk's duration is its samples / the
+each audio chunk as the engine hands it over with time.perf_counter() from the call (piper: as synthesize yields
+it; sherpa-onnx: in generate's callback, called as each chunk is made); a chunk's duration is its samples / the
 voice's sample rate. Noise scales 0: deterministic. Read back: the threads that ran the voice (from the kernel), the
 engine's thread setting, the CPU affinity, the ONNX Runtime and engine libraries mapped, the versions, and each
 stream's audio sha256 (int16 PCM). Standard library, the engine, numpy and harness/engines/workerlib.py only.
@@ -41,7 +41,8 @@ def loaded_libraries() -> list[str]:
 
 
 def load_piper(req: dict):
-    """(a function of a text yielding its chunks' float samples, the sample rate, what it reads back)."""
+    """(speak(text, emit): emit(float samples) called with each chunk as the engine makes it; the sample rate;
+    what it reads back)."""
     from importlib import metadata
 
     import onnxruntime as ort
@@ -58,9 +59,9 @@ def load_piper(req: dict):
     syn = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0, normalize_audio=False)
     opts = sess.get_session_options()
 
-    def speak(text: str, t0: float):
+    def speak(text: str, emit) -> None:
         for chunk in voice.synthesize(text, syn):
-            yield time.perf_counter() - t0, chunk.audio_float_array
+            emit(chunk.audio_float_array)
 
     return speak, int(voice.config.sample_rate), {
         "intra_op_num_threads": opts.intra_op_num_threads, "inter_op_num_threads": opts.inter_op_num_threads,
@@ -82,16 +83,13 @@ def load_sherpa(req: dict):
     tts = sherpa_onnx.OfflineTts(cfg)
     tts.generate("Ready.", sid=0, speed=1.0)  # its phonemizer's first call: start-up, not the first request
 
-    def speak(text: str, t0: float):
-        # generate() calls back once per chunk as it makes it: each chunk is stamped in the callback
-        chunks = []
-
+    def speak(text: str, emit) -> None:
+        # generate() calls back once per chunk as it makes it: each chunk is handed on from the callback
         def cb(samples, progress):
-            chunks.append((time.perf_counter() - t0, samples.copy()))
+            emit(samples.copy())
             return 1  # go on
 
         tts.generate(text, sid=0, speed=1.0, callback=cb)
-        return chunks
 
     return speak, int(tts.sample_rate), {
         "num_threads": cfg.model.num_threads, "max_num_sentences": cfg.max_num_sentences, "noise_scale": 0.0,
@@ -109,8 +107,10 @@ def measure(req: dict) -> dict:
     for r in req["requests"]:
         before = thread_times_ns()
         arrivals, durations, digest = [], [], hashlib.sha256()
+        chunks = []
         t0 = time.perf_counter()
-        for at, audio in speak(r["text"], t0):
+        speak(r["text"], lambda audio: chunks.append((time.perf_counter() - t0, audio)))  # stamped as made
+        for at, audio in chunks:
             arrivals.append(at)
             durations.append(len(audio) / sr)
             digest.update((np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0) * 32767).astype("<i2").tobytes())
@@ -136,7 +136,8 @@ def fidelity(req: dict) -> dict:
     items, arrays, busy_ns = [], {}, {}
     for k, r in enumerate(req["texts"]):
         before = thread_times_ns()
-        chunks = [np.asarray(a, dtype=np.float32) for _, a in speak(r["text"], time.perf_counter())]
+        chunks: list = []
+        speak(r["text"], lambda a: chunks.append(np.asarray(a, dtype=np.float32)))
         add_busy(busy_ns, before, thread_times_ns())
         audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
         if not len(audio):
