@@ -118,16 +118,31 @@ def _verify(v: Voice, form: str, d: Path) -> None:
     try:
         man = json.loads(_manifest(d).read_text())
         files = man["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(str(_manifest(d)), "unreadable voice manifest", f"remove {d} to prepare it again") from None
+        if set(files) != {ONNX_NAME, CONFIG_NAME}:  # names become paths: only the form's two files
+            raise ValueError(f"files: {sorted(files)[:4]}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError(str(_manifest(d)), f"unreadable voice manifest ({e})", f"remove {d} to prepare it again") \
+            from None
     pins = {ONNX_NAME: v.onnx_sha256, CONFIG_NAME: v.config_sha256} if form == "voice-fp32" else \
         {CONFIG_NAME: v.config_sha256}
     for rel, want in {**{k: f["sha256"] for k, f in files.items()}, **pins}.items():
         p = d / rel
-        got = sha256_file(p) if p.is_file() else None
+        if p.is_symlink():
+            raise UserError(str(p), "voice file is a link; a form's files are plain files", f"remove {d} to prepare it "
+                                                                                              "again")
+        got = sha256(p) if p.is_file() else None
         if got != want:
             raise UserError(str(p), f"voice file {'missing' if got is None else 'corrupted'} (sha256 {got}, expected "
                                     f"{want})", f"remove {d} to prepare it again")
+
+
+def sha256(p: Path) -> str:
+    """A file's sha256 through the hash cache (read again only when its size, times or inode changed)."""
+    from harness.hashcache import HashCache
+    cache = HashCache.default()
+    out = cache.sha256(p)
+    cache.save()
+    return out
 
 
 def _prepare(v: Voice, form: str, d: Path) -> None:
@@ -205,6 +220,6 @@ def file_problems(name: str, files: tuple[tuple[str, str], ...]) -> tuple[str, .
         if rel.split("/", 1)[0] in DERIVED:
             continue
         p = root / rel
-        if p.is_file() and sha256_file(p) != sha:
+        if p.is_file() and sha256(p) != sha:
             out.append(f"model.files[{rel}].sha256: differs from the local file {p}")
     return tuple(out)

@@ -51,7 +51,7 @@ def test_a_stream_ahead_of_playback_never_stalls_and_one_chunk_has_no_gaps():
     m = playback.metrics([{"warmup": True, "arrivals_s": [0.3], "durations_s": [2.0]},
                           {"warmup": False, "arrivals_s": [0.2], "durations_s": [1.0]}], 1.5)
     assert m["ttfa_s"]["samples"] == [0.2] and m["ttfa_s"]["warmup_samples"] == [0.3]
-    assert m["startup_s"]["samples"] == [1.5] and "chunk_gap_p50_s" not in m
+    assert m["ready_s"]["samples"] == [1.5] and "chunk_gap_p50_s" not in m
     for bad in (([], []), ([0.5, 0.2], [1.0, 1.0]), ([0.1], [0.0]), ([0.1], [1.0, 1.0])):
         with pytest.raises(ValueError):
             playback.stream_figures(*bad)
@@ -117,7 +117,7 @@ def test_real_runs_record_every_chunk_and_check_accepts_them(tmp_path, write_gri
     for k in ("ttfa_s", "rtf", "playback_start_s", "chunk_gap_p50_s", "stall_count"):
         assert len(m[k]["samples"]) == 2 and len(m[k]["warmup_samples"]) == 1, k
     assert all(p >= t for p, t in zip(m["playback_start_s"]["samples"], m["ttfa_s"]["samples"]))
-    assert m["startup_s"]["samples"][0] > 0
+    assert m["ready_s"]["samples"][0] > 0
     # deterministic synthesis: the same text twice gives the same audio
     seen: dict = {}
     for t, h in zip(eff["texts"], eff["audio_sha256"]):
@@ -263,3 +263,29 @@ def test_a_served_speech_grid_refuses_token_bounds(write_grid, cli):
     rc, out, err = cli("plan", write_grid(SERVED.format(name="spslo", engine="piper").replace(
         "load: {requests: 3, concurrency: 2}}", "load: {requests: 3, concurrency: 2}, slo: {ttft_s: 1.0}}")))
     assert rc == 2 and "workload.slo" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda g: g.replace("threads: 1", "threads: 1\ntimeout_s: soon"), "timeout_s"),
+    (lambda g: g.replace("texts: [short]", "texts: [whisper]"), "texts"),
+    (lambda g: g.replace("engine: piper, form: voice-fp32", "engine: llama.cpp, form: voice-fp32"), "builds[0].engine"),
+    (lambda g: g.replace("max_mean_lsd_db: 6.0", "max_mean_lsd: 6.0"), "thresholds.max_mean_lsd"),
+])
+def test_a_speech_fidelity_grid_it_cannot_run_is_one_line(write_grid, cli, tmp_path, edit, field):
+    rc, out, err = cli("fidelity", write_grid(edit(FIDELITY), "fid.yaml"), "--store", tmp_path / "store")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and field in err, err
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_voice_manifest_naming_other_paths_or_a_linked_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(voices, "voice_dir", lambda name: tmp_path / name)
+    d = voices.ensure("joe-us-medium", "voice-fp32")
+    man = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").write_text(json.dumps({**man, "files": {**man["files"], "../../x": {"sha256": "0"}}}))
+    with pytest.raises(UserError, match="unreadable voice manifest"):
+        voices.ensure("joe-us-medium", "voice-fp32")
+    (d / "manifest.json").write_text(json.dumps(man))
+    (d / voices.CONFIG_NAME).rename(tmp_path / "config.json")
+    (d / voices.CONFIG_NAME).symlink_to(tmp_path / "config.json")
+    with pytest.raises(UserError, match="is a link"):
+        voices.ensure("joe-us-medium", "voice-fp32")

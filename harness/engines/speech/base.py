@@ -159,11 +159,11 @@ class SpeechEngine(Engine, Limits, Speaks, Serves):
         effective = {**eff, "timestamps": self.timestamps, "texts": [s["id"] for s in res["streams"]],
                      "audio_sha256": [s["audio_sha256"] for s in res["streams"]],
                      "chunk_samples": [s["samples"] for s in res["streams"]], "load_s": res["load_s"],
-                     "startup_s": startup}
+                     "ready_s": startup}
         return EngineResult(status="ok", metrics=metrics, engine=info, requested=requested, settings=settings,
                             effective=effective, command=cmd, env=env_rec, peak_memory=w.proc.peak_memory,
                             after_load={"status": "n/a", "reason": "the worker loads and speaks in one process; "
-                                                                   "startup_s times its load"},
+                                                                   "ready_s times its load"},
                             prompt_token_hash=f"texts sha256 {texts.set_sha256(name)}")
 
     def speak_all(self, model: str, form: str, spoken: list[tuple[str, str]], threads: int, cpus: list[int],

@@ -100,7 +100,7 @@ def run_served(engine: Any, ctx: RunContext, form: str) -> EngineResult:
                                                "the client; fewest over repetitions")
     effective = {"threads": ready.get("intra_op_num_threads", ready.get("num_threads")), **ready,
                  "cpu_affinity": ready.get("cpu_affinity"), "load": load.record(), "requests_failed": len(errors),
-                 "startup_s": startup, "texts": [r["id"] for r in recs], "client": "harness/workloads/speech/client.py "
+                 "ready_s": startup, "texts": [r["id"] for r in recs], "client": "harness/workloads/speech/client.py "
                  "(asyncio + aiohttp): a chunk stamped when its last byte is read"}
     effective.pop("status", None)
     return EngineResult(status=status, metrics=playback.served_metrics(reps_out, startup) if status == "ok" else {},

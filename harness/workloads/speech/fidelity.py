@@ -77,6 +77,9 @@ def from_dict(doc: dict, sp: str, sha: str) -> SpeechFidelityGrid:
             raise err(sp, f"thresholds.{k}", "unknown threshold", f"known: {', '.join(THRESHOLDS)}")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e6:
             raise err(sp, f"thresholds.{k}", f"must be a positive number, got {short(v)}")
+    timeout = doc.get("timeout_s", 600)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 7 * 86400:
+        raise err(sp, "timeout_s", f"must be a positive number of seconds (a week at most), got {short(timeout)}")
     builds = []
     for f, b in entries(sp, "builds", doc["builds"], BUILD_FIELDS, "each build: {name, engine, form}"):
         for req in ("name", "engine"):
@@ -92,7 +95,7 @@ def from_dict(doc: dict, sp: str, sha: str) -> SpeechFidelityGrid:
         raise err(sp, "builds", "build names must be unique")
     return SpeechFidelityGrid(path=sp, sha256=sha, name=name, description=str(doc.get("description") or ""),
                               model=doc["model"], sets=tuple(sets), threads=integer(sp, "threads", doc["threads"]),
-                              timeout_s=float(doc.get("timeout_s", 600)), thresholds={k: float(v) for k, v in th.items()},
+                              timeout_s=float(timeout), thresholds={k: float(v) for k, v in th.items()},
                               builds=tuple(builds))
 
 

@@ -25,8 +25,9 @@ SPEECH_METRICS: dict[str, tuple[str, bool, str]] = {
                                     "after the player has played all before them" + PER),
     "stall_s": ("s", False, "the silence those underruns add when playback starts at the first chunk's arrival "
                             "(the sum of each late chunk's wait)" + PER),
-    "startup_s": ("s", False, "the engine process's start-up: process start to the voice loaded and ready "
-                              "(its session made, its phonemizer initialized); one sample per run"),
+    "ready_s": ("s", False, "the engine process's launch (interpreter start and imports included) to the voice "
+                            "loaded and ready (its session made, its phonemizer initialized); not vLLM's startup_s, "
+                            "which times its engine's construction alone; one sample per run"),
 }
 for _q in ("p50", "p90", "p99", "max"):
     SPEECH_METRICS[f"chunk_gap_{_q}_s"] = (
@@ -61,7 +62,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def stream_figures(arrivals: list[float], durations: list[float]) -> dict[str, float]:
-    """One stream's figures (the metrics above but startup_s); the multi-chunk ones only where n >= 2."""
+    """One stream's figures (the metrics above but ready_s); the multi-chunk ones only where n >= 2."""
     if not arrivals or len(arrivals) != len(durations):
         raise ValueError(f"a stream needs one duration per chunk ({len(arrivals)} arrivals, {len(durations)} "
                          "durations)")
@@ -96,7 +97,7 @@ def stream_figures(arrivals: list[float], durations: list[float]) -> dict[str, f
 
 def served_metrics(repetitions: list[dict[str, Any]], startup_s: float) -> dict[str, dict]:
     """A served run's metrics: per repetition, its requests' records ({send_s, end_s, arrivals_s, samples,
-    sample_rate, error}) through the playback model; startup_s once."""
+    sample_rate, error}) through the playback model; ready_s once."""
     reps = []
     for rep in repetitions:
         recs = rep["requests"]
@@ -111,7 +112,7 @@ def served_metrics(repetitions: list[dict[str, Any]], startup_s: float) -> dict[
                      "served_ttfa_p90_s": percentile([f["ttfa_s"] for _, f in ok], 90),
                      "served_rtf_p50": percentile([f["rtf"] for _, f in ok], 50)}
         reps.append(figs)
-    out = {"startup_s": {"unit": "s", "higher_is_better": False, "definition": SPEECH_METRICS["startup_s"][2],
+    out = {"ready_s": {"unit": "s", "higher_is_better": False, "definition": SPEECH_METRICS["ready_s"][2],
                          "samples": [startup_s], "warmup_samples": []}}
     for name, (unit, hib, definition) in SERVED_METRICS.items():
         if reps and all(name in f for f in reps):
@@ -126,7 +127,7 @@ def metrics(streams: list[dict[str, Any]], startup_s: float) -> dict[str, dict]:
     figs = [(s["warmup"], stream_figures(s["arrivals_s"], s["durations_s"])) for s in streams]
     out = {}
     for name, (unit, hib, definition) in SPEECH_METRICS.items():
-        if name == "startup_s":
+        if name == "ready_s":
             out[name] = {"unit": unit, "higher_is_better": hib, "definition": definition, "samples": [startup_s],
                          "warmup_samples": []}
             continue
