@@ -17,7 +17,6 @@ from typing import Any
 
 from harness.engines.speech.base import INSTALL_FIX, SpeechEngine
 from harness.errors import UserError
-from harness.paths import sha256_file
 
 DERIVED = 1  # bump when the derived files change
 
@@ -36,7 +35,7 @@ class SherpaOnnx(SpeechEngine):
         """The form's ONNX file with sherpa-onnx's metadata added and the voice's tokens file, made once per form."""
         from harness import voices
         src, cfg_path = voice_dir / voices.ONNX_NAME, voice_dir / voices.CONFIG_NAME
-        src_sha = sha256_file(src)
+        src_sha = voices.sha256(src)
         out = voice_dir.parent / f"sherpa-{form}" / hashlib.sha256(f"{src_sha}|{DERIVED}".encode()).hexdigest()[:16]
         model, tokens = out / "model.onnx", out / "tokens.txt"
         if not (model.is_file() and tokens.is_file()):
@@ -48,7 +47,7 @@ class SherpaOnnx(SpeechEngine):
                             INSTALL_FIX) from None
         data = Path(piper.__file__).parent / "espeak-ng-data"
         return {"onnx": str(model), "tokens": str(tokens), "config": str(cfg_path), "espeak_data": str(data),
-                "derived": {"model_sha256": sha256_file(model), "tokens_sha256": sha256_file(tokens),
+                "derived": {"model_sha256": voices.sha256(model), "tokens_sha256": voices.sha256(tokens),
                             "from_sha256": src_sha}}
 
 

@@ -38,7 +38,8 @@ def harness_figures(store: str, grid: str, host: str, threads: int, text: str) -
         eff = a.execution.effective
         warm = a.workload.warmups
         for k, tid in enumerate(eff["texts"][warm:]):
-            row = out.setdefault(tid, {"ttfa_s": [], "rtf": [], "samples": sum(eff["chunk_samples"][warm + k])})
+            row = out.setdefault(tid, {"ttfa_s": [], "rtf": [], "samples": sum(eff["chunk_samples"][warm + k]),
+                                       "sample_rate": eff["sample_rate"], "voice": a.model.name})
             row["ttfa_s"].append(a.metrics["ttfa_s"].samples[k])
             row["rtf"].append(a.metrics["rtf"].samples[k])
     return out
@@ -72,9 +73,11 @@ class _Reader(threading.Thread):
         raise TimeoutError(f"the CLI wrote {self.total} bytes, {n} expected")
 
 
-def cli_figures(texts: dict[str, str], samples: dict[str, int], threads: int, repeats: int) -> dict[str, dict]:
+def cli_figures(texts: dict[str, str], h: dict[str, dict], threads: int, repeats: int) -> dict[str, dict]:
+    """Per text: Piper's CLI's time to first audio and real-time factor (`h`: the harness's figures, for each text's
+    length in samples, its sample rate and the voice)."""
     from harness import voices
-    d = voices.ensure("joe-us-medium", "voice-fp32")
+    d = voices.ensure(next(iter(h.values()))["voice"], "voice-fp32")
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
     cmd = ["taskset", "-c", cpus, sys.executable, "-m", "piper", "-m", str(d / voices.ONNX_NAME), "-c",
            str(d / voices.CONFIG_NAME), "--output-raw", "--noise-scale", "0", "--noise-w-scale", "0", "--no-normalize"]
@@ -96,10 +99,10 @@ def cli_figures(texts: dict[str, str], samples: dict[str, int], threads: int, re
                 p.stdin.write(text.replace("\n", " ").encode() + b"\n")
                 p.stdin.flush()
                 first = reader.stamp_of(start_bytes + 1, 120)
-                last = reader.stamp_of(start_bytes + 2 * samples[tid], 300)
+                last = reader.stamp_of(start_bytes + 2 * h[tid]["samples"], 300)
                 row = out.setdefault(tid, {"ttfa_s": [], "rtf": []})
                 row["ttfa_s"].append(first - t0)
-                row["rtf"].append((last - t0) / (samples[tid] / 22050))
+                row["rtf"].append((last - t0) / (h[tid]["samples"] / h[tid]["sample_rate"]))
                 time.sleep(0.2)
     finally:
         p.stdin.close()
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if not h:
         raise SystemExit(f"no {ARM} runs of grid {args.grid} at threads {args.threads}, text {args.text} on host {host}")
     texts = {tid: T.TEXTS[args.text][int(tid.split("[")[1][:-1])] for tid in sorted(h)}
-    c = cli_figures(texts, {tid: r["samples"] for tid, r in h.items()}, args.threads, args.repeats)
+    c = cli_figures(texts, h, args.threads, args.repeats)
     med = statistics.median
     rows = {tid: {"harness_ttfa_s": med(h[tid]["ttfa_s"]), "cli_ttfa_s": med(c[tid]["ttfa_s"]),
                   "harness_rtf": med(h[tid]["rtf"]), "cli_rtf": med(c[tid]["rtf"]), "harness_n": len(h[tid]["rtf"]),
