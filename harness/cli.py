@@ -244,12 +244,18 @@ def _share(v: str) -> float:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     from harness import bisect
+    if (args.versions is None) == (args.tree is None) or (args.tree is not None) != (
+            args.good is not None and args.bad is not None) or (args.versions is not None and (args.good or args.bad)):
+        raise UserError("harness bisect", "give --tree DIR --good A --bad B (commits), or --versions V1,...,Vn "
+                        "(releases)", "one of the two, whole")
     r = bisect.bisect(args.grid, args.tree, args.good, args.bad, args.metric, args.passes, args.store, sys.stderr,
-                      args.alpha)
+                      args.alpha, versions=args.versions.split(",") if args.versions is not None else None,
+                      until_step=args.until_step)
     if r.first_bad is None:
         print(f"not separated: {r.why}")
         return 1
-    print(f"first bad commit: {r.first_bad} {r.subject}")
+    print(f"first bad {'release' if args.versions is not None else 'commit'}: {r.first_bad} "
+          f"{r.subject if args.versions is None else ''}".rstrip())
     print(f"({r.why})")
     return 0
 
@@ -468,12 +474,15 @@ def _store_verbs(sub: Any) -> None:
     se.add_argument("--out", default=None, help="file to write (replaced whole); default: stdout")
     se.set_defaults(func=cmd_export)
 
-    sb = sub.add_parser("bisect", help="the first commit of a git tree at which a grid's figure steps "
-                        "(docs/methodology.md)")
-    sb.add_argument("grid", help="a grid of one arm whose options name {tree}")
-    sb.add_argument("--tree", required=True, help="the git tree")
-    sb.add_argument("--good", required=True, help="a commit before the change")
-    sb.add_argument("--bad", required=True, help="a commit after it")
+    sb = sub.add_parser("bisect", help="the first commit of a git tree (or release of a list) at which a grid's "
+                        "figure steps (docs/methodology.md)")
+    sb.add_argument("grid", help="a grid of one arm whose options name {tree} (or {version} with --versions)")
+    sb.add_argument("--tree", help="the git tree")
+    sb.add_argument("--good", help="a commit before the change")
+    sb.add_argument("--bad", help="a commit after it")
+    sb.add_argument("--versions", help="releases instead of commits, oldest first: V1,V2,...,Vn (V1 good, Vn bad)")
+    sb.add_argument("--until-step", action="store_true", help="each probe's passes sequential: it stops at the first "
+                    "planned look where a half steps (passes: {until: step, max: --passes})")
     sb.add_argument("--metric", required=True, help="the figure to follow (e.g. wall_s, decode_tok_s)")
     sb.add_argument("--passes", type=int, default=10, help="passes of each probe (default 10: a family of two "
                     "steps needs 8)")

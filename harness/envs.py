@@ -36,17 +36,24 @@ def ensure_all() -> dict[str, dict[str, str]]:
     return out
 
 
-def key(pins: tuple[str, ...]) -> str:
-    return hashlib.sha256(json.dumps([sys.version_info[:2], list(pins)]).encode()).hexdigest()[:16]
+def key(pins: tuple[str, ...], drop: tuple[str, ...] = ()) -> str:
+    return hashlib.sha256(json.dumps([sys.version_info[:2], list(pins), *([list(drop)] if drop else [])]).encode()
+                          ).hexdigest()[:16]
 
 
-def env_dir(name: str, pins: tuple[str, ...]) -> Path:
-    return cache_root() / "envs" / f"{name}-{key(pins)}"
+def env_dir(name: str, pins: tuple[str, ...], drop: tuple[str, ...] = ()) -> Path:
+    return cache_root() / "envs" / f"{name}-{key(pins, drop)}"
 
 
-def ensure(name: str, pins: tuple[str, ...], what: str) -> tuple[Path, str]:
-    """The environment's python (made once, under a lock) and the sha256 of its `pip freeze`."""
-    d = env_dir(name, pins)
+def made(name: str, pins: tuple[str, ...], drop: tuple[str, ...] = ()) -> bool:
+    """Whether the environment is made (its install finished: ensure's stamp)."""
+    return (env_dir(name, pins, drop) / ".installed").is_file()
+
+
+def ensure(name: str, pins: tuple[str, ...], what: str, drop: tuple[str, ...] = ()) -> tuple[Path, str]:
+    """The environment's python (made once, under a lock) and the sha256 of its `pip freeze`. `drop`: distributions
+    the pins pull that are uninstalled after (part of the environment's key)."""
+    d = env_dir(name, pins, drop)
     py, stamp = d / "bin" / "python", d / ".installed"
     d.parent.mkdir(parents=True, exist_ok=True)
     with open(d.parent / f"{d.name}.lock", "w") as lock:
@@ -57,7 +64,8 @@ def ensure(name: str, pins: tuple[str, ...], what: str) -> tuple[Path, str]:
             log = d.parent / f"{d.name}.log"
             with open(log, "w") as out:
                 steps = [[sys.executable, "-m", "venv", str(d)],
-                         [str(py), "-m", "pip", "install", "--no-input", "--no-compile", *pins]]
+                         [str(py), "-m", "pip", "install", "--no-input", "--no-compile", *pins],
+                         *([[str(py), "-m", "pip", "uninstall", "-y", *drop]] if drop else [])]
                 for cmd in steps:
                     if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                         shutil.rmtree(d, ignore_errors=True)

@@ -402,12 +402,21 @@ class _Loop:
         if n not in self.spec.looks or self.looked.get(m.key) == n:
             return False
         self.looked[m.key] = n
-        from harness.analysis import answered
-        yes, got, of = answered([a for arts in m.done.values() for a in arts])
+        arts = [a for arts in m.done.values() for a in arts]
         k = self.spec.looks.index(n) + 1
+        nxt = "" if n == self.spec.looks[-1] else f"; next look at {self.spec.looks[k]}"
+        if self.spec.until == "step":
+            from harness.analysis.history import histories
+            hs = histories([a for a in arts if a.status == "ok"], self.spec.history,
+                           tuple((self.spec.primary or {}).get("metrics", ())), self.spec.step_alpha)
+            found = [f"{s.before} -> {s.after} ({h.metric})" for h in hs for s in h.steps if s.found]
+            self.say(m, f"[harness] look {k} of {len(self.spec.looks)} at {n} passes: "
+                     + (f"the history steps at {', '.join(found)}: stopping" if found else f"no step found{nxt}"))
+            return bool(found)
+        from harness.analysis import answered
+        yes, got, of = answered(arts)
         self.say(m, f"[harness] look {k} of {len(self.spec.looks)} at {n} passes: {got} of {of} declared comparisons "
-                 f"have a verdict" + ("; every one has: stopping" if yes else
-                                      "" if n == self.spec.looks[-1] else f"; next look at {self.spec.looks[k]}"))
+                 f"have a verdict" + ("; every one has: stopping" if yes else nxt))
         return yes
 
     def in_threads(self, machines: list[Machine]) -> None:

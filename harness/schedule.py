@@ -151,7 +151,9 @@ def format_plan(spec: GridSpec, runs: list[RunSpec]) -> str:
         k = len(spec.looks)
         lines.append(f"family: {m} comparison(s) given verdicts ({'declared primaries' if spec.primary else 'all'}), "
                      f"sequential: looks at {', '.join(map(str, spec.looks))} passes, stopping at the first where "
-                     f"every one has its verdict; each interval at {stats.level_text(1 - stats.ALPHA / (m * k))} "
+                     + ("every one has its verdict" if spec.until == "verdict" else
+                        f"the history ({', '.join(spec.history)}) shows a step on a primary metric")
+                     + f"; each interval at {stats.level_text(1 - stats.ALPHA / (m * k))} "
                      f"(Bonferroni over {m} x {k} looks)")
     elif m:
         lines.append(f"family: {m} comparison(s) given verdicts ({'declared primaries' if spec.primary else 'all'}), "

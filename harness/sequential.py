@@ -19,8 +19,10 @@ from typing import Any
 
 from harness.errors import UserError
 
-UNTIL = ("verdict",)
-FIELDS = {"until", "max", "looks"}
+# verdict: every declared comparison has one; step: the grid's history (report.history) shows a step on one of its
+# primary metrics (a bisect's probe: which half holds the change)
+UNTIL = ("verdict", "step")
+FIELDS = {"until", "max", "looks", "alpha"}
 GROWTH = 1.5  # each look about this many times the passes of the one before
 MAX_LOOKS = 32
 
@@ -61,7 +63,8 @@ def parse(path: str, raw: Any) -> tuple[int, tuple[int, ...] | None]:
         raise err(path, f"passes.{extra[0][:40]}", "unknown field", f"allowed: {', '.join(sorted(FIELDS))}")
     if raw.get("until") not in UNTIL:
         raise err(path, "passes.until", f"must be one of {', '.join(UNTIL)}, got {short(raw.get('until'))}",
-                  "passes: {until: verdict, max: 48}: passes go on until every declared comparison has its verdict")
+                  "passes: {until: verdict, max: 48}: passes go on until every declared comparison has its verdict "
+                  "(until: step: until the grid's history shows a step)")
     last = integer(path, "passes.max", raw.get("max"), lo=2, hi=1 << 20)
     looks = raw.get("looks")
     if looks is None:
@@ -73,6 +76,37 @@ def parse(path: str, raw: Any) -> tuple[int, tuple[int, ...] | None]:
     if any(b <= a for a, b in zip(vals, vals[1:])):
         raise err(path, "passes.looks", f"must increase, got {short(vals)}", "looks: [8, 12, 16, 24]")
     return last, tuple(vals if vals[-1] == last else vals + [last])
+
+
+def until(raw: Any) -> str:
+    """What sequential passes wait for (UNTIL; parse has checked it): verdict for fixed passes too."""
+    return raw["until"] if isinstance(raw, dict) and raw.get("until") in UNTIL else "verdict"
+
+
+def step_alpha(path: str, raw: Any) -> float:
+    """`until: step`'s family level (`alpha`, default 0.05): the history's steps, over every look, show a step by
+    chance with probability at most this (a bisect's probe takes its --alpha)."""
+    from harness.grid.spec import err, short
+    a = raw.get("alpha", 0.05) if isinstance(raw, dict) else 0.05
+    if isinstance(raw, dict) and "alpha" in raw and raw.get("until") != "step":
+        raise err(path, "passes.alpha", "applies to until: step only (until: verdict's level is the report's)",
+                  "drop it")
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a < 0.5:
+        raise err(path, "passes.alpha", f"must be a level in (0, 0.5), got {short(a)}", "alpha: 0.01")
+    return float(a)
+
+
+def step_family(path: str, history: tuple[str, ...], primary: dict | None, n_cells: int) -> int:
+    """The comparisons `until: step` waits on: each step of the grid's history on each primary metric, per cell;
+    refused where the grid declares no history or no primary metrics."""
+    if len(history) < 2:
+        raise UserError(path, "passes.until: step stops when the grid's history shows a step, and it declares none",
+                        "report: {history: [v1, v2, ...]} (the arms that are versions, oldest first)")
+    metrics = (primary or {}).get("metrics")
+    if not metrics:
+        raise UserError(path, "passes.until: step waits on a step of the history's primary metrics, and the grid "
+                        "declares none", "primary: {metrics: [decode_tok_s]}")
+    return (len(history) - 1) * len(metrics) * n_cells
 
 
 def resolve(path: str, last: int, given: tuple[int, ...], m: int) -> tuple[int, ...]:

@@ -116,3 +116,47 @@ def test_bisect_finds_the_commit_that_planted_a_slowdown(tmp_path, cli, monkeypa
     rc, out, _ = cli("bisect", grid, "--tree", tree, "--good", "HEAD~5", "--bad", "HEAD~3", "--metric", "wall_s",
                      "--passes", "18", "--alpha", "0.002", "--store", tmp_path / "store")
     assert rc == 1 and out.startswith("not separated: neither half steps"), out  # commits 1-3: no change
+
+
+def test_bisect_over_releases_stops_each_probe_at_the_first_look_that_steps(tmp_path, cli, monkeypatch):
+    """Releases instead of commits (`--versions`, the arm's options naming {version}): six releases of a program
+    that sleeps longer from 1.0.4 on; bisect names 1.0.4, and with --until-step each probe's passes are sequential
+    (passes: {until: step}): it stops at its first planned look where a half steps, long before its 18 passes."""
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path / "cache"))
+    versions = [f"1.0.{k}" for k in range(1, 7)]
+    for k, v in enumerate(versions, 1):
+        (tmp_path / f"work-{v}.sh").write_text(f"sleep {0.3 if k >= 4 else 0.05}\n")
+    grid = tmp_path / "prog.yaml"
+    grid.write_text(f"name: prog\narms:\n  - {{name: prog, engine: command, options: {{cmd: \"sh {tmp_path}/work-"
+                    "{version}.sh\"}}\nworkload: {prompt_len: 1, context_len: 1, gen_len: 1}\nthreads: 1\n"
+                    "repetitions: 1\nwarmups: 0\n")
+    store = tmp_path / "store"
+    rc, out, err = cli("bisect", grid, "--versions", ",".join(versions), "--metric", "wall_s", "--passes", "18",
+                       "--alpha", "0.002", "--until-step", "--store", store)
+    assert rc == 0 and out.startswith("first bad release: 1.0.4"), (out, err)
+    assert err.count("[bisect] probe ") == 2 and "the history steps at" in err and ": stopping" in err
+    for k in (1, 2):  # each probe stopped at a look: fewer runs than 3 arms x 18 passes
+        runs = list((store / f"prog-bisect-{k}").glob("*.json"))
+        assert 0 < len(runs) < 3 * 18, (k, len(runs))
+    rc, _, err = cli("bisect", grid, "--versions", "1.0.1", "--metric", "wall_s", "--store", store)
+    assert rc == 2 and "--versions: must list two or more" in err
+    rc, _, err = cli("bisect", grid, "--tree", tmp_path, "--versions", "1.0.1,1.0.2", "--metric", "wall_s")
+    assert rc == 2 and "give --tree DIR --good A --bad B" in err
+
+
+@pytest.mark.parametrize("extra, says", [
+    ("", "passes.until: step stops when the grid's history shows a step, and it declares none"),
+    ("report: {history: [a, b]}\n", "passes.until: step waits on a step of the history's primary metrics"),
+])
+def test_until_step_needs_a_history_and_its_primary_metrics(tmp_path, cli, extra, says):
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: g\narms:\n  - {name: a, engine: command, options: {cmd: \"true\"}}\n"
+                    "  - {name: b, engine: command, options: {cmd: \"true\"}}\n"
+                    "workload: {prompt_len: 1, context_len: 1, gen_len: 1}\nthreads: 1\n"
+                    "passes: {until: step, max: 20}\n" + extra)
+    rc, _, err = cli("plan", grid)
+    assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    grid.write_text(grid.read_text() + ("report: {history: [a, b]}\n" if not extra else "")
+                    + "primary: {metrics: [wall_s]}\n")
+    rc, out, err = cli("plan", grid)
+    assert rc == 0 and "shows a step on a primary metric" in out, err

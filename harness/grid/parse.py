@@ -182,14 +182,19 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     hosts = doc.get("hosts", "spread")
     if hosts not in HOSTS:
         raise err(path, "hosts", f"unknown value {short(hosts)}", f"allowed: {', '.join(HOSTS)} (docs/fleet.md)")
-    views.parse(path, doc.get("report"), tuple(names))  # what the report shows: refused here, read by the report
+    rspec = views.parse(path, doc.get("report"), tuple(names))  # what the report shows: refused here, read by it
     spec = GridSpec(hosts=hosts, path=path, sha256=sha256, name=name, description=description, model=model,
                     arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc), primary=primary,
                     passes=passes, repetitions=repetitions, warmups=warmups,
                     order=order, seed=seed, baseline=baseline, timeout_s=float(timeout), **kind_fields)
     if looks is not None:  # sequential passes: the looks, once the family is known
         from harness.grid.cells import family
-        spec = replace(spec, looks=sequential.resolve(path, passes, looks, len(family(spec))))
+        until = sequential.until(doc.get("passes"))
+        alpha = sequential.step_alpha(path, doc.get("passes"))  # a smaller level: as a larger family at 0.05
+        m = len(family(spec)) if until == "verdict" else \
+            max(1, round(sequential.step_family(path, rspec.history, primary, n_cells) * 0.05 / alpha))
+        spec = replace(spec, looks=sequential.resolve(path, passes, looks, m), until=until,
+                       history=rspec.history if until == "step" else (), step_alpha=alpha)
     for kind in workloads.kinds():
         kind.validate(spec)
     validate.engines(spec, cpus)

@@ -104,6 +104,9 @@ class GridSpec:
     # passes: {until: verdict, max: N}: the numbers of passes at which the runner looks (harness/sequential.py);
     # empty: a fixed number of passes
     looks: tuple[int, ...] = ()
+    until: str = "verdict"  # what the looks wait for (sequential.UNTIL)
+    history: tuple[str, ...] = ()  # until: step: the history's versions (report.history), oldest first
+    step_alpha: float = 0.05  # until: step: the family level of the history's steps
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:

