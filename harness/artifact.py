@@ -41,6 +41,13 @@ class Metric(Frozen):
     higher_is_better: bool = True
 
 
+class StopRule(Frozen):
+    """passes: {until: step}: what the runner's looks waited for, so that the report reads the history as it did."""
+    until: Literal["step"]
+    alpha: float = Field(gt=0, lt=0.5, description="the family level of the history's steps over every look")
+    metrics: list[str] = Field(min_length=1, description="the primary metrics whose steps it waited on")
+
+
 class GridRef(Frozen):
     path: str
     sha256: str
@@ -58,6 +65,8 @@ class GridRef(Frozen):
                                            "given verdicts); null: every comparison")
     looks: list[int] | None = Field(None, description="passes: {until: verdict}: the numbers of passes at which the "
                                     "runner looked (each interval at 1 - alpha/(m K), K looks); null: fixed passes")
+    stop: StopRule | None = Field(None, description="passes: {until: step}: the rule the looks stopped on; null: "
+                                  "until: verdict, or fixed passes")
 
 
 class ModelFile(Frozen):

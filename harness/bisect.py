@@ -194,7 +194,7 @@ def bisect(grid_path: str, tree: str | None, good: str | None, bad: str | None, 
         if len(steps) == 1:  # one commit apart
             probe = Probe([s for _, s in picks], words, "the step" if found[0] else "no step between them")
             probes.append(probe)
-            _say(out, probe)
+            _say(out, probe, root is None)
             return _end(chain[j] if found[0] else None, root, probes, len(probes), alpha,
                         "" if found[0] else f"{name_of(i, chain[i])} and {name_of(j, chain[j])} do not differ at "
                         f"these passes: the step is elsewhere, or too small to see")
@@ -208,18 +208,20 @@ def bisect(grid_path: str, tree: str | None, good: str | None, bad: str | None, 
                    "neither half steps: no change, or one too small for these passes (add passes)")
             probe = Probe([s for _, s in picks], words, why)
             probes.append(probe)
-            _say(out, probe)
+            _say(out, probe, root is None)
             return _end(None, root, probes, len(probes), alpha, why)
         probe = Probe([s for _, s in picks], words, turn)
         probes.append(probe)
-        _say(out, probe)
+        _say(out, probe, root is None)
         if j - i == 1:  # the half that steps is one commit wide: its later commit is the first bad one
             return _end(chain[j], root, probes, len(probes), alpha, "")
 
 
-def _say(out: TextIO | None, p: Probe) -> None:
+def _say(out: TextIO | None, p: Probe, releases: bool = False) -> None:
+    """A probe's line: commits short, releases whole (0.29.0.post1 is not 0.29.0)."""
     if out is not None:
-        print(f"[bisect] probe {', '.join(c[:7] for c in p.commits)}: {'; '.join(p.steps)} -> {p.turn}", file=out)
+        print(f"[bisect] probe {', '.join(c if releases else c[:7] for c in p.commits)}: {'; '.join(p.steps)} -> "
+              f"{p.turn}", file=out)
 
 
 def _end(first_bad: str | None, root: Path | None, probes: list[Probe], k: int, alpha: float, why: str) -> Bisected:

@@ -248,6 +248,13 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             args.good is not None and args.bad is not None) or (args.versions is not None and (args.good or args.bad)):
         raise UserError("harness bisect", "give --tree DIR --good A --bad B (commits), or --versions V1,...,Vn "
                         "(releases)", "one of the two, whole")
+    from harness.sequential import MIN_ALPHA
+    if not MIN_ALPHA <= args.alpha < 0.5:
+        raise UserError("harness bisect", f"--alpha must be a level in [{MIN_ALPHA:g}, 0.5), got {args.alpha:g}",
+                        "--alpha 0.05")
+    if not 2 <= args.passes <= 1 << 20:
+        raise UserError("harness bisect", f"--passes must be 2 to {1 << 20}, got {args.passes}",
+                        "--passes 10 (a family of two steps needs 8)")
     r = bisect.bisect(args.grid, args.tree, args.good, args.bad, args.metric, args.passes, args.store, sys.stderr,
                       args.alpha, versions=args.versions.split(",") if args.versions is not None else None,
                       until_step=args.until_step)

@@ -78,9 +78,9 @@ def ensure(name: str, pins: tuple[str, ...], what: str, drop: tuple[str, ...] = 
     return py, stamp.read_text().strip()
 
 
-def freeze(name: str, pins: tuple[str, ...]) -> dict[str, str]:
+def freeze(name: str, pins: tuple[str, ...], drop: tuple[str, ...] = ()) -> dict[str, str]:
     """The made environment's `pip freeze` as {distribution: version} (empty when it is not made)."""
-    f = env_dir(name, pins) / "freeze.txt"
+    f = env_dir(name, pins, drop) / "freeze.txt"
     out = {}
     for line in (f.read_text().splitlines() if f.is_file() else []):
         if "==" in line:

@@ -147,13 +147,21 @@ def format_plan(spec: GridSpec, runs: list[RunSpec]) -> str:
     from harness import stats
     from harness.grid import family
     m = len(family(spec))
-    if m and spec.looks:
+    if spec.looks and spec.until == "step":
+        k, ms = len(spec.looks), spec.looked_m
+        if m:
+            lines.append(f"family: {m} comparison(s) given verdicts ({'declared primaries' if spec.primary else 'all'}),"
+                         f" each interval at {stats.level_text(1 - stats.ALPHA / (m * k))} (Bonferroni over {m} x {k} "
+                         f"looks), read at the last look reached")
+        lines.append(f"history steps: sequential: looks at {', '.join(map(str, spec.looks))} passes, stopping at the "
+                     f"first where the history ({', '.join(spec.history)}) shows a step on a primary metric; its steps "
+                     f"are a family at {spec.step_alpha:g} (as {ms} at {stats.ALPHA}), each interval at "
+                     f"{stats.level_text(1 - stats.ALPHA / (ms * k))} (Bonferroni over {ms} x {k} looks)")
+    elif m and spec.looks:
         k = len(spec.looks)
         lines.append(f"family: {m} comparison(s) given verdicts ({'declared primaries' if spec.primary else 'all'}), "
                      f"sequential: looks at {', '.join(map(str, spec.looks))} passes, stopping at the first where "
-                     + ("every one has its verdict" if spec.until == "verdict" else
-                        f"the history ({', '.join(spec.history)}) shows a step on a primary metric")
-                     + f"; each interval at {stats.level_text(1 - stats.ALPHA / (m * k))} "
+                     + "every one has its verdict; each interval at {stats.level_text(1 - stats.ALPHA / (m * k))} "
                      f"(Bonferroni over {m} x {k} looks)")
     elif m:
         lines.append(f"family: {m} comparison(s) given verdicts ({'declared primaries' if spec.primary else 'all'}), "

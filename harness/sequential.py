@@ -91,9 +91,19 @@ def step_alpha(path: str, raw: Any) -> float:
     if isinstance(raw, dict) and "alpha" in raw and raw.get("until") != "step":
         raise err(path, "passes.alpha", "applies to until: step only (until: verdict's level is the report's)",
                   "drop it")
-    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a < 0.5:
-        raise err(path, "passes.alpha", f"must be a level in (0, 0.5), got {short(a)}", "alpha: 0.01")
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not MIN_ALPHA <= a < 0.5:
+        raise err(path, "passes.alpha", f"must be a level in [{MIN_ALPHA:g}, 0.5), got {short(a)}", "alpha: 0.01")
     return float(a)
+
+
+MIN_ALPHA = 1e-6  # a family level below this asks for more passes than any grid runs (and 0.05/alpha overflows)
+
+
+def scaled(m: int, alpha: float, base: float = 0.05) -> int:
+    """m comparisons read at family level `alpha` as a family at `base` (stats.ALPHA): intervals at
+    1 - base/M with M = ceil(m x base / alpha), never fewer comparisons than that (rounding down would widen the
+    level: 3 steps at 0.03 are 5 at 0.05, not 4)."""
+    return max(1, math.ceil(m * base / alpha - 1e-9))
 
 
 def step_family(path: str, history: tuple[str, ...], primary: dict | None, n_cells: int) -> int:
@@ -109,8 +119,9 @@ def step_family(path: str, history: tuple[str, ...], primary: dict | None, n_cel
     return (len(history) - 1) * len(metrics) * n_cells
 
 
-def resolve(path: str, last: int, given: tuple[int, ...], m: int) -> tuple[int, ...]:
-    """The looks of a sequential grid whose family has m comparisons: refused where none can give a verdict."""
+def resolve(path: str, last: int, given: tuple[int, ...], m: int, what: str = "verdict") -> tuple[int, ...]:
+    """The looks of a sequential grid whose family has m comparisons: refused where none can give a verdict
+    (`what`: until's value; a step's family counts its steps, scaled to the 0.05 level, not declared comparisons)."""
     from harness import stats
     if m == 0:
         raise UserError(path, "passes.until: a sequential grid stops on its comparisons' verdicts and has none",
@@ -119,8 +130,10 @@ def resolve(path: str, last: int, given: tuple[int, ...], m: int) -> tuple[int, 
     k = len(looks) if looks else 1
     if looks is None or not stats.reachable(looks[-1], m * k):
         need = next(n for n in range(2, 1 << 10) if stats.reachable(n, m * k))
+        fewer = "declare fewer primary comparisons" if what == "verdict" else \
+            "follow fewer primary metrics, or raise passes.alpha"
         raise UserError(path, f"passes.max: {last} passes cannot give a verdict at 1 - {stats.ALPHA}/({m} comparisons x "
-                        f"{k} looks)", f"raise max to {need} or more, or declare fewer primary comparisons")
+                        f"{k} looks)", f"raise max to {need} or more, or {fewer}")
     return tuple(looks)
 
 

@@ -1,6 +1,7 @@
 """Histories (harness/analysis/history.py): versions as arms, steps between consecutive versions found by paired
 intervals at a family's level; and a planted step in a real history of `command` arms, found at its place."""
 
+import json
 import re
 from types import SimpleNamespace as NS
 
@@ -138,6 +139,9 @@ def test_bisect_over_releases_stops_each_probe_at_the_first_look_that_steps(tmp_
     for k in (1, 2):  # each probe stopped at a look: fewer runs than 3 arms x 18 passes
         runs = list((store / f"prog-bisect-{k}").glob("*.json"))
         assert 0 < len(runs) < 3 * 18, (k, len(runs))
+        # the rule its looks stopped on is recorded, for the report to read the history as the runner did
+        stop = json.loads(runs[0].read_text())["grid"]["stop"]
+        assert stop == {"until": "step", "alpha": 0.002, "metrics": ["wall_s"]}, stop
     rc, _, err = cli("bisect", grid, "--versions", "1.0.1", "--metric", "wall_s", "--store", store)
     assert rc == 2 and "--versions: must list two or more" in err
     rc, _, err = cli("bisect", grid, "--tree", tmp_path, "--versions", "1.0.1,1.0.2", "--metric", "wall_s")
@@ -160,3 +164,23 @@ def test_until_step_needs_a_history_and_its_primary_metrics(tmp_path, cli, extra
                     + "primary: {metrics: [wall_s]}\n")
     rc, out, err = cli("plan", grid)
     assert rc == 0 and "shows a step on a primary metric" in out, err
+    assert "history steps: sequential" in out and "(as 1 at 0.05)" in out, out
+
+
+def test_a_step_family_at_another_level_is_scaled_up_never_down(tmp_path, cli):
+    """3 steps at 0.03 are a family of 5 at 0.05 (ceil: rounding would give 5 here but 4 for 2.4); a level outside
+    [1e-6, 0.5) is refused, in a grid and on bisect's command line."""
+    from harness.sequential import scaled
+    assert scaled(3, 0.03) == 5 and scaled(2, 0.0417) == 3 and scaled(4, 0.05) == 4 and scaled(1, 0.2) == 1
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: g\narms:\n  - {name: a, engine: command, options: {cmd: \"true\"}}\n"
+                    "  - {name: b, engine: command, options: {cmd: \"true\"}}\n"
+                    "workload: {prompt_len: 1, context_len: 1, gen_len: 1}\nthreads: 1\n"
+                    "report: {history: [a, b]}\nprimary: {metrics: [wall_s]}\n"
+                    "passes: {until: step, max: 20, alpha: 1.0e-9}\n")
+    rc, _, err = cli("plan", grid)
+    assert rc == 2 and "passes.alpha: must be a level in [1e-06, 0.5)" in err, err
+    rc, _, err = cli("bisect", grid, "--versions", "1,2", "--metric", "wall_s", "--alpha", "0")
+    assert rc == 2 and "--alpha must be a level in [1e-06, 0.5)" in err, err
+    rc, _, err = cli("bisect", grid, "--versions", "1,2", "--metric", "wall_s", "--passes", "1")
+    assert rc == 2 and "--passes must be 2 to" in err, err

@@ -72,7 +72,7 @@ def histories(arts: list, order: tuple[str, ...], metrics: tuple[str, ...] | Non
         pairs += [(key, x, y) for x, y in zip(present, present[1:])]
     looks = next((a.grid.looks for a in runs.values() if getattr(a.grid, "looks", None)), None)
     # stats.compare's intervals are at 1 - ALPHA/m; sequential passes spend the family's error over their looks
-    family = max(1, round(len(pairs) * stats.ALPHA / alpha)) * sequential.factor(looks)
+    family = sequential.scaled(len(pairs), alpha, stats.ALPHA) * sequential.factor(looks)
     steps: dict[tuple[str, str], list[Step]] = defaultdict(list)
     for key, x, y in pairs:
         common = sorted(set(per[key][x]) & set(per[key][y]))

@@ -192,9 +192,9 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
         until = sequential.until(doc.get("passes"))
         alpha = sequential.step_alpha(path, doc.get("passes"))  # a smaller level: as a larger family at 0.05
         m = len(family(spec)) if until == "verdict" else \
-            max(1, round(sequential.step_family(path, rspec.history, primary, n_cells) * 0.05 / alpha))
-        spec = replace(spec, looks=sequential.resolve(path, passes, looks, m), until=until,
-                       history=rspec.history if until == "step" else (), step_alpha=alpha)
+            sequential.scaled(sequential.step_family(path, rspec.history, primary, n_cells), alpha)
+        spec = replace(spec, looks=sequential.resolve(path, passes, looks, m, until), until=until,
+                       history=rspec.history if until == "step" else (), step_alpha=alpha, looked_m=m)
     for kind in workloads.kinds():
         kind.validate(spec)
     validate.engines(spec, cpus)

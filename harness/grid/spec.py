@@ -107,6 +107,7 @@ class GridSpec:
     until: str = "verdict"  # what the looks wait for (sequential.UNTIL)
     history: tuple[str, ...] = ()  # until: step: the history's versions (report.history), oldest first
     step_alpha: float = 0.05  # until: step: the family level of the history's steps
+    looked_m: int = 0  # the comparisons the looks wait on, as a family at 0.05 (until: step: the steps, scaled)
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:

@@ -473,7 +473,10 @@ def history_block(order: tuple[str, ...], series: list[RunArtifact]) -> dict | N
     if not order:
         return None
     from harness.analysis.history import histories
-    hs = histories(series, order)
+    rule = next((a.grid.stop for a in series if a.grid.stop is not None), None)
+    # until: step: the history its looks stopped on (its primary metrics, at its level), so the page reads as the
+    # runner did; otherwise every metric, one family at 0.05
+    hs = histories(series, order, tuple(rule.metrics), rule.alpha) if rule else histories(series, order)
     if not hs:
         return None
     tables, found, noisy, n_steps, level = [], [], 0, 0, ""
@@ -510,7 +513,9 @@ def history_block(order: tuple[str, ...], series: list[RunArtifact]) -> dict | N
         tables.append({"metric": h.metric, "unit": h.unit, "cell": h.cell.replace("batch=1,", ""),
                        "better": "higher" if h.higher_is_better else "lower", "rows": rows})
     return {"order": list(order), "tables": tables, "found": found, "noisy": noisy, "n_steps": n_steps,
-            "level": level, "builds": [named(v) for v in order if commits.get(v)]}
+            "level": level, "builds": [named(v) for v in order if commits.get(v)],
+            "rule": f"passes until a step: {', '.join(rule.metrics)}, its steps a family at {rule.alpha:g} over every "
+                    f"look" if rule else ""}
 
 
 def _scale(sec: dict, series: list[RunArtifact], cal_by_host: dict) -> dict | None:

@@ -435,11 +435,14 @@ class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
                "kv_cache_memory_bytes": opts.get("kv_cache_memory_bytes"), "warmups": ctx.spec.warmups,
                "repetitions": ctx.spec.repetitions, "weight_files": weight_files,
                "engine_core": opts.get("engine_core", "inprocess"), "observe": ctx.observe}
-        # Per-arm compile cache keyed by the full effective config and the runtime's source: arms never load
-        # each other's graphs, and a graph compiled with another version of a patch (its custom ops) is never loaded.
+        python = self.arm_python(ctx.spec.path, ctx.arm)
+        # Per-arm compile cache keyed by the full effective config, the runtime's source and the interpreter (another
+        # environment is another vLLM release): arms never load each other's graphs, and a graph compiled with
+        # another version of a patch (its custom ops) or of vLLM is never loaded.
         key = hashlib.sha256(json.dumps({**{k: v for k, v in cfg.items() if k not in ("repetitions", "warmups",
                                                                                       "observe", "batch")},
-                                         "runtime_sha256": runtime_sources_sha256()},
+                                         "runtime_sha256": runtime_sources_sha256(),
+                                         **({"python": python} if python != sys.executable else {})},
                                         sort_keys=True).encode()).hexdigest()[:16]
         cfg["prompts"] = prompts
         cdir = cache_root() / "compile" / key
@@ -453,7 +456,6 @@ class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
         env.update(arm_env)
         cfg_path, out_path = ctx.workdir / "worker-config.json", ctx.workdir / "worker-result.json"
         cfg_path.write_text(json.dumps(cfg))
-        python = self.arm_python(ctx.spec.path, ctx.arm)
         if python != sys.executable:  # the runtime and the harness's residency reader come from this checkout
             arm_env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
             env["PYTHONPATH"] = arm_env["PYTHONPATH"]
