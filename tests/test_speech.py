@@ -289,3 +289,136 @@ def test_a_voice_manifest_naming_other_paths_or_a_linked_file_is_refused(tmp_pat
     (d / voices.CONFIG_NAME).symlink_to(tmp_path / "config.json")
     with pytest.raises(UserError, match="is a link"):
         voices.ensure("joe-us-medium", "voice-fp32")
+
+
+EXTERNAL = """
+name: {name}
+model: none
+arms:
+  - {{name: ext, engine: openai-speech, options: {{url: "{url}", served_model: tts-1, voice: joe, health: /health,
+      api_key_env: SPEECH_TEST_KEY}}}}
+workload: {{text: long, chunking: engine, load: {{requests: 2, concurrency: 2}}}}
+threads: 1
+passes: 1
+repetitions: 1
+warmups: 1
+timeout_s: 300
+"""
+
+
+def _serve_piper(tmp_path):
+    """The harness's speech server around Piper, started by hand: an OpenAI-style endpoint the run does not start."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from harness.engines import get_engine
+    from harness.engines.speech import served
+    d = voices.ensure("joe-us-medium", "voice-fp32")
+    cfg = tmp_path / "server.json"
+    cfg.write_text(json.dumps({"engine": "piper", "threads": 1, "workers": 2,
+                               **get_engine("piper").voice_files(d, "voice-fp32")}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(served.SERVER), str(cfg), str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the speech server did not start")
+
+
+def test_an_outside_speech_endpoint_is_measured_as_served_speech(tmp_path, write_grid, cli, monkeypatch):
+    """openai-speech against a real endpoint the harness did not start (server.py around Piper, by hand): each
+    response read as it streams, a piece per read, its settings not ours (recorded, not read back), no ready_s; a
+    missing key, a model unnamed and an unreachable endpoint refused in one line before anything runs."""
+    proc, url = _serve_piper(tmp_path)
+    try:
+        g = write_grid(EXTERNAL.format(name="spext", url=url))
+        rc, _, err = cli("run", g, "--store", tmp_path / "store")
+        assert rc == 2 and "options.api_key_env: SPEECH_TEST_KEY is not set" in err.strip().splitlines()[-1], err
+        assert not list(Store(tmp_path / "store").iter_paths("spext"))
+        monkeypatch.setenv("SPEECH_TEST_KEY", "k")
+        rc, _, err = cli("run", write_grid(EXTERNAL.format(name="spext", url=url).replace("served_model: tts-1, ", ""),
+                                           "nomodel.yaml"), "--store", tmp_path / "store")
+        assert rc == 2 and "options.served_model: the grid has no model" in err, err
+        rc, _, err = cli("plan", write_grid(EXTERNAL.format(name="spext", url=url).replace("chunking: engine",
+                                                                                            "chunking: sentence"),
+                                            "chunks.yaml"))
+        assert rc == 2 and "workload.chunking: sentence: arm 'ext'" in err, err
+        execute.run_grid(str(g), store_root=tmp_path / "store")
+        (path,) = Store(tmp_path / "store").iter_paths("spext")
+        doc = json.loads(path.read_text())
+        assert doc["status"] == "ok", (doc.get("error"), doc.get("stderr_tail"))
+        assert doc["engine"]["build_commit"] == "external: build not verified" and doc["engine"]["build"]["url"] == url
+        assert doc["execution"]["effective"]["reported"]["engine"] == "piper"  # what /health said of it
+        assert doc["execution"]["settings"]["threads"]["effective"] is None and "k" not in json.dumps(doc["execution"]["env"])
+        (rep,) = doc["serving"]["repetitions"]
+        for r in rep["requests"]:  # the rate from the server's header; pieces as read, in order
+            assert r["error"] is None and r["sample_rate"] == 22050 and len(r["samples"]) >= 2
+            assert r["arrivals_s"] == sorted(r["arrivals_s"])
+        assert "ready_s" not in doc["metrics"] and doc["metrics"]["served_ttfa_p50_s"]["samples"][0] > 0
+        assert doc["model"]["name"] == "none" and doc["workload"]["speech"]["chunking"] == "engine"
+        _, problems = check.check([str(tmp_path / "store")], allow_unknown_commit=True)
+        assert not [p for p in problems if "harness.dirty" not in p], problems
+    finally:
+        proc.kill()
+        proc.wait()
+    rc, _, err = cli("run", g, "--store", tmp_path / "store2")
+    assert rc == 2 and "is unreachable" in err.strip().splitlines()[-1], err
+
+
+def test_the_speech_client_reads_an_untrusted_endpoint_safely():
+    """A server sending a Content-Length (no chunks), odd byte counts per write, no rate header, a malformed one, or
+    an error with a long body: pieces per read with a split sample carried over, the arm's rate, a one-line error."""
+    import asyncio
+
+    from aiohttp import web
+
+    from harness.workloads.speech import client
+
+    async def main():
+        async def audio(request):
+            mode = request.query.get("m")
+            if mode == "err":
+                return web.Response(status=503, text="busy\n" + "x" * 5000)
+            resp = web.StreamResponse(headers={"X-Sample-Rate": "fast"} if mode == "bad" else {})
+            if mode == "len":
+                resp.content_length = 8
+            await resp.prepare(request)
+            for part in (b"\x01\x02\x03", b"\x04\x05", b"\x06\x07\x08"):  # 8 bytes, odd writes: 4 samples
+                await resp.write(part)
+                await asyncio.sleep(0.05)
+            await resp.write_eof()
+            return resp
+        app = web.Application()
+        app.router.add_post("/v1/audio/speech", audio)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        out = {}
+        ask = client.Ask(body={"model": "m"}, pieces="read", sample_rate=24000)
+        import aiohttp
+        async with aiohttp.ClientSession() as s:
+            for m in ("len", "chunked", "bad", "err"):
+                out[m] = await client._one(s, f"http://127.0.0.1:{port}/v1/audio/speech?m={m}", ask, "t", "hi", 0.0, 10)
+        await runner.cleanup()
+        return out
+    out = asyncio.run(main())
+    for m in ("len", "chunked"):
+        r = out[m]
+        assert r["error"] is None and r["sample_rate"] == 24000 and sum(r["samples"]) == 4, r
+        assert len(r["samples"]) >= 2 and r["arrivals_s"] == sorted(r["arrivals_s"]), r  # pieces as read
+    assert "X-Sample-Rate 'fast' is not a rate" in out["bad"]["error"]
+    e = out["err"]["error"]
+    assert e.startswith("HTTP 503: busy x") and "\n" not in e and len(e) <= 300 and out["err"]["end_s"] >= 0

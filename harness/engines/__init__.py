@@ -24,6 +24,7 @@ ENGINES: dict[str, str] = {
     "llama-server": "harness.engines.server:LlamaServer",
     "vllm-server": "harness.engines.server:VllmServer",
     "openai": "harness.engines.server:OpenAi",
+    "openai-speech": "harness.engines.speech.external:OpenAiSpeech",
     "piper": "harness.engines.speech.piper:Piper",
     "sherpa-onnx": "harness.engines.speech.sherpa:SherpaOnnx",
 }

@@ -219,7 +219,9 @@ class Serves:
 class Speaks:
     """A speech engine: text in, an audio stream out (the speech workload kind sends it texts, and only it)."""
 
-    chunking: ClassVar[tuple[str, ...]] = ("sentence",)  # how it streams (harness/workloads/speech CHUNKING)
+    # the speech grid's `chunking` values it streams in (harness/workloads/speech CHUNKING): sentence, a chunk per
+    # sentence; engine, pieces as the engine (or an outside server) streams them
+    chunking: ClassVar[tuple[str, ...]] = ("sentence",)
 
 
 CAPABILITIES = (Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks, Patches, Serves, Speaks)

@@ -7,4 +7,5 @@
     worker.py   the worker (with server.py, the only modules that import piper or sherpa_onnx)
     server.py   the speech server a served run starts around the engine (an OpenAI-style /v1/audio/speech)
     served.py   a served run: the server started, the client's load sent (harness/workloads/speech/client.py)
+    external.py `openai-speech`: an OpenAI-style speech endpoint the harness does not start, sent the load
 """

@@ -66,7 +66,7 @@ class SpeechEngine(Engine, Limits, Speaks, Serves):
     observe_only = frozenset({"dtype"})  # the form's types
     env_prefixes = ENV_PREFIXES
     worker_env = WORKER_ENV
-    chunking = ("sentence",)
+    chunking = ("sentence", "engine")  # the engine's own unit is a sentence: either name says what it streams
 
     def require(self) -> str:
         try:

@@ -17,7 +17,9 @@ from harness.workloads.speech import texts
 from harness.workloads.speech.playback import SERVED_METRICS, SPEECH_METRICS
 
 KIND = "speech"
-CHUNKING = ("sentence",)  # what the engines here stream in: a chunk per sentence (Piper's own unit)
+# what a grid's engines stream in: sentence, a chunk per sentence (Piper's own unit); engine, pieces as the engine
+# streams them (an outside server's own unit); each arm's engine declares the ones it does (Speaks.chunking)
+CHUNKING = ("sentence", "engine")
 TEXT_FIX = f"one of {', '.join(texts.names())} (harness/workloads/speech/texts.py)"
 NOT_HERE = ("prompt_len", "gen_len", "context_len")  # token lengths: a speech request is a text
 
@@ -43,7 +45,7 @@ class Speech(WorkloadKind):
         chunking = "sentence" if chunking is None else chunking
         if chunking not in CHUNKING:
             raise err(path, "workload.chunking", f"unknown chunking {short(chunking)}",
-                      f"one of {', '.join(CHUNKING)} (the speech engines here stream a chunk per sentence)")
+                      f"one of {', '.join(CHUNKING)} (docs/speech.md)")
         return {"chunking": chunking}, ({"text": text} if text is not None else {})
 
     def axis_value(self, path: str, fld: str, axis: str, v: Any, rule: bool) -> bool:
@@ -75,8 +77,9 @@ class Speech(WorkloadKind):
             raise err(spec.path, "workload.slo", "bounds token latencies; served speech's goodput is its stall-free "
                       "streams (stall_free_streams_s)", "drop workload.slo (docs/speech.md)")
         if speech:
+            needs = any(engine_class(a.engine).needs_model for a in spec.arms)
             for m in spec.axes.get("model") or [spec.model]:
-                if not voices.known(m):
+                if not voices.known(m) and (needs or m != "none"):
                     raise err(spec.path, "axes.model" if "model" in spec.axes else "model", f"{short(m)} is not a "
                               "voice: a speech grid speaks a voice, not a language model", f"known voices: "
                               f"{', '.join(voices.VOICES)}")
@@ -88,6 +91,11 @@ class Speech(WorkloadKind):
             if speaks and not speech:
                 raise err(spec.path, "workload.text", f"arm {a.name!r} runs the speech engine {a.engine}, which needs "
                           "texts", f"set workload.text ({TEXT_FIX})")
+            chunking = self.fields(spec).get("chunking", "sentence")
+            if speech and speaks and chunking not in engine_class(a.engine).chunking:
+                raise err(spec.path, "workload.chunking", f"{chunking}: arm {a.name!r}'s engine {a.engine} streams "
+                          f"{' or '.join(engine_class(a.engine).chunking)}",
+                          f"workload.chunking: {engine_class(a.engine).chunking[0]} (docs/speech.md)")
 
     def record(self, spec: Any, params: dict[str, Any], resolved: dict | None) -> dict[str, Any]:
         if "text" not in params:

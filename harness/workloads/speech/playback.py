@@ -95,9 +95,9 @@ def stream_figures(arrivals: list[float], durations: list[float]) -> dict[str, f
     return out
 
 
-def served_metrics(repetitions: list[dict[str, Any]], startup_s: float) -> dict[str, dict]:
+def served_metrics(repetitions: list[dict[str, Any]], startup_s: float | None) -> dict[str, dict]:
     """A served run's metrics: per repetition, its requests' records ({send_s, end_s, arrivals_s, samples,
-    sample_rate, error}) through the playback model; ready_s once."""
+    sample_rate, error}) through the playback model; ready_s once (None: a server the harness did not start)."""
     reps = []
     for rep in repetitions:
         recs = rep["requests"]
@@ -112,8 +112,9 @@ def served_metrics(repetitions: list[dict[str, Any]], startup_s: float) -> dict[
                      "served_ttfa_p90_s": percentile([f["ttfa_s"] for _, f in ok], 90),
                      "served_rtf_p50": percentile([f["rtf"] for _, f in ok], 50)}
         reps.append(figs)
-    out = {"ready_s": {"unit": "s", "higher_is_better": False, "definition": SPEECH_METRICS["ready_s"][2],
-                         "samples": [startup_s], "warmup_samples": []}}
+    out = {} if startup_s is None else {
+        "ready_s": {"unit": "s", "higher_is_better": False, "definition": SPEECH_METRICS["ready_s"][2],
+                    "samples": [startup_s], "warmup_samples": []}}
     for name, (unit, hib, definition) in SERVED_METRICS.items():
         if reps and all(name in f for f in reps):
             out[name] = {"unit": unit, "higher_is_better": hib, "definition": definition,
