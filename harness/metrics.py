@@ -117,6 +117,10 @@ SERVING_METRICS |= {
                                      "repetition"),
     "goodput_req_s": ("req/s", True, "measured requests that completed within every bound of the grid's slo / "
                                      "(the last one's end - the first send); per repetition"),
+    "cache_hit_share": ("share", True, "prompt tokens the server says it took from its prefix cache / prompt tokens "
+                                       "(its usage: prompt_tokens_details.cached_tokens, or llama-server's "
+                                       "timings.cache_n), over the measured requests that completed, where every "
+                                       "one reported it; per repetition"),
 }
 SERVING_DEFINITIONS_VERSION = "serving-chunks/2"  # 2: a server's count is taken only where it is what was asked
 
@@ -157,6 +161,10 @@ def serving_figures(recs: list[dict], slo: dict[str, float] | None) -> dict[str,
     if span > 0:
         out["request_throughput_req_s"] = len(done) / span
         out["serve_output_tok_s"] = sum(lat["tokens"] for lat in lats) / span
+    said = [(r.get("usage") or {}).get("cached_tokens") for r in done]
+    total = sum((r.get("usage") or {}).get("prompt_tokens") or 0 for r in done)
+    if all(isinstance(x, int) for x in said) and total > 0:
+        out["cache_hit_share"] = sum(said) / total
     if slo:
         good = sum(1 for lat in lats if meets(lat, slo))
         out["goodput_share"] = good / len(recs)
@@ -313,6 +321,17 @@ def request_prompts(model: str, prompt_len: int, batch: int, repetitions: int) -
     vocab, special = vocabulary(model)
     return [[prompt_ids(1000 + i * batch + j, prompt_len, vocab, set(special)) for j in range(batch)]
             for i in range(repetitions)]
+
+
+SHARED_PREFIX_SEED = 999  # the shared prefix's seed (the requests' own: 1000 and up)
+
+
+def with_shared_prefix(model: str, pools: list[list[list[int]]], n: int) -> list[list[list[int]]]:
+    """The same prompts with their first n tokens replaced by one seeded sequence shared by all (a system prompt):
+    each keeps its length and its own tokens after the prefix."""
+    vocab, special = vocabulary(model)
+    prefix = prompt_ids(SHARED_PREFIX_SEED, n, vocab, set(special))
+    return [[prefix + ids[n:] for ids in pool] for pool in pools]
 
 
 def prompts_hash(prompts: list[list[list[int]]]) -> str:

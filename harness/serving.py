@@ -43,6 +43,7 @@ class Load:
     burstiness: float = 1.0
     seed: int = 0
     sweep: dict[str, Any] | None = None  # a point of a rate sweep (harness/sweep.py): which, and its rate's origin
+    shared_prefix: int = 0  # the first tokens of every request's prompt, the same for all (a system prompt)
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"requests": self.requests}
@@ -52,6 +53,8 @@ class Load:
             out |= {"rate": self.rate, "arrival": self.arrival, "burstiness": self.burstiness, "seed": self.seed}
         if self.sweep is not None:
             out["sweep"] = self.sweep
+        if self.shared_prefix:
+            out["shared_prefix"] = self.shared_prefix
         return out
 
     @property
@@ -142,6 +145,9 @@ async def _one(session, ep: Endpoint, i: int, ids: list[int], gen_len: int, t0: 
                     msg = json.loads(data)
                     if msg.get("usage"):
                         rec["usage"] = {k: msg["usage"].get(k) for k in ("prompt_tokens", "completion_tokens")}
+                        cached = cached_tokens(msg)
+                        if cached is not None:
+                            rec["usage"]["cached_tokens"] = cached
                     for ch in msg.get("choices") or []:
                         n = _tokens_of(ch)
                         if n:
@@ -155,6 +161,17 @@ async def _one(session, ep: Endpoint, i: int, ids: list[int], gen_len: int, t0: 
     if not rec["error"]:
         rec["error"] = incomplete(rec, ended)
     return rec
+
+
+def cached_tokens(msg: dict[str, Any]) -> int | None:
+    """The prompt tokens the server says it took from its prefix cache for this request: the OpenAI usage field
+    (`usage.prompt_tokens_details.cached_tokens`: vLLM with --enable-prompt-tokens-details, llama-server), else
+    llama-server's own `timings.cache_n`; None where the server says nothing (not the same as 0)."""
+    details = (msg.get("usage") or {}).get("prompt_tokens_details")
+    v = details.get("cached_tokens") if isinstance(details, dict) else None
+    if v is None and isinstance(msg.get("timings"), dict):
+        v = msg["timings"].get("cache_n")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 def incomplete(rec: dict[str, Any], ended: bool) -> str | None:
@@ -253,6 +270,21 @@ def achieved(recs: list[dict[str, Any]]) -> dict[str, float | None]:
     rate = (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 and sent[-1] > sent[0] else None
     busy = sum(r["end_s"] - r["sent_s"] for r in recs)
     return {"rate_req_s": rate, "concurrency": busy / span if span > 0 else None}
+
+
+def cache_check(recs: list[dict[str, Any]], shared_prefix: int, prefix_cache: bool | None) -> dict[str, Any]:
+    """Whether this run's requests could be served from a prefix cache, and what the server said it did (the
+    harness's prompts are distinct seeded sequences: only a shared prefix repeats, and only with the cache on can
+    it be hit; `prefix_cache` None: not known, an endpoint the harness does not start). Cached tokens reported where none was possible are flagged: a benchmark that reuses a prompt by
+    accident hits the cache silently."""
+    said = [r["usage"]["cached_tokens"] for r in recs if isinstance((r.get("usage") or {}).get("cached_tokens"), int)]
+    out = {"prefix_cache": prefix_cache, "shared_prefix": shared_prefix,
+           "possible": bool(shared_prefix) and prefix_cache is not False,
+           "requests": len(recs), "requests_reporting": len(said), "cached_tokens": sum(said),
+           "prompt_tokens": sum((r.get("usage") or {}).get("prompt_tokens") or 0 for r in recs)}
+    if prefix_cache is False and sum(said):
+        out["flag"] = f"the server reports {sum(said)} cached prompt tokens with its prefix cache off"
+    return out
 
 
 def usage_check(recs: list[dict[str, Any]], gen_len: int) -> dict[str, Any]:

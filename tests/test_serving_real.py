@@ -262,17 +262,23 @@ def test_vllm_server_with_the_patched_runtime_at_a_capped_poisson_rate(tmp_path)
     """One vLLM server start (tens of seconds): Poisson arrivals, at most 2 in flight, read back from its log and
     /v1/models, the runtime's patches recorded by each of its processes; nothing left after."""
     g = tmp_path / "vs.yaml"
-    g.write_text(GRID.format(name="vs", load="{rate: 8, arrival: poisson, concurrency: 2, requests: 8}", reps=1, env="")
+    g.write_text(GRID.format(name="vs", load="{rate: 8, arrival: poisson, concurrency: 2, requests: 8, shared_prefix: 12}",
+                             reps=1, env="")
                  .replace("{name: llama-server, engine: llama-server, form: gguf-f32}",
-                          "{name: vllm-server, engine: vllm-server, form: hf-fp32}").replace("timeout_s: 120", "timeout_s: 300"))
+                          "{name: vllm-server, engine: vllm-server, form: hf-fp32, options: {prefix_cache: true}}")
+                 .replace("timeout_s: 120", "timeout_s: 300"))
     execute.run_grid(str(g), store_root=tmp_path / "store")
     (a,) = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("vs")]
     assert a["status"] == "ok", a.get("error")
     assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
     s = a["execution"]["settings"]
-    for name in ("threads", "cpus", "dtype", "context_len", "options.eager"):
+    for name in ("threads", "cpus", "dtype", "context_len", "options.eager", "options.prefix_cache"):
         assert s[name]["rule"] == "enforced" and s[name]["effective"] == s[name]["requested"], (name, s[name])
     eff = a["execution"]["effective"]
+    # the prefix cache on, read back from vLLM's config line; every request says how many tokens it took from it
+    # (prompt_tokens_details: whole 128-token blocks only, so none of a 16-token prompt)
+    assert eff["enable_prefix_caching"] == "True" and eff["cache"]["requests_reporting"] == 8 + 0
+    assert a["metrics"]["cache_hit_share"]["samples"] == [eff["cache"]["cached_tokens"] / (16 * 8)]
     assert "threads-follow-bind" in eff["patches_applied"] and len(eff["runtime_records"]) >= 2  # API server, core
     rep = a["serving"]["repetitions"][0]
     assert len(rep["requests"]) == 8 and rep["most_in_flight"] <= 2
@@ -281,7 +287,7 @@ def test_vllm_server_with_the_patched_runtime_at_a_capped_poisson_rate(tmp_path)
         assert all(n >= 1 for n in r["chunk_tokens"]) and len(r["chunks_s"]) == len(r["chunk_tokens"])
     assert eff["usage_check"]["ok"] and a["metrics"]["goodput_share"]["samples"] == [1.0]
     assert a["workload"]["load"] == {"requests": 8, "concurrency": 2, "rate": 8, "arrival": "poisson",
-                                     "burstiness": 1.0, "seed": 0}
+                                     "burstiness": 1.0, "seed": 0, "shared_prefix": 12}
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, str(tmp_path))]
     assert left == [], "a process of the vLLM server outlived its run"
 
@@ -330,3 +336,35 @@ def test_an_endpoint_the_harness_does_not_start_is_recorded_as_external(tmp_path
     assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
     assert len(a["serving"]["repetitions"][0]["requests"]) == 4
 
+
+
+def test_a_shared_prefix_with_the_cache_on_is_hit_and_the_hit_is_read_back(tmp_path, served):
+    """workload.load.shared_prefix: every prompt opens with the same 12 tokens; with prefix_cache on, llama-server
+    reuses them (cache_prompt) and says so per request (usage.prompt_tokens_details.cached_tokens): the cached
+    tokens reach the artifact, cache_hit_share is their share, the setting is read back from them. With the cache
+    off (the closed loop above: no shared prefix), every request reports 0 and no hit was possible."""
+    a = _run(tmp_path, "prefix", "{concurrency: 2, requests: 6, shared_prefix: 12}",
+             env=", options: {prefix_cache: true}")
+    assert a["status"] == "ok", a.get("error")
+    assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
+    assert a["workload"]["load"]["shared_prefix"] == 12
+    (rep,) = a["serving"]["repetitions"]
+    cached = [r["usage"]["cached_tokens"] for r in rep["requests"]]
+    assert all(0 <= c <= 15 for c in cached) and sum(c >= 12 for c in cached) >= 4, cached  # the slots warm up
+    c = a["execution"]["effective"]["cache"]
+    assert c["possible"] and c["prefix_cache"] is True and c["cached_tokens"] == sum(cached) and "flag" not in c
+    assert a["execution"]["settings"]["options.prefix_cache"]["effective"] is True
+    assert a["metrics"]["cache_hit_share"]["samples"] == [pytest.approx(sum(cached) / (16 * 6))]
+    off = served[0]  # cache off, no shared prefix
+    assert off["execution"]["effective"]["cache"]["possible"] is False
+    assert off["metrics"]["cache_hit_share"]["samples"] == [0.0, 0.0]
+    assert "options.prefix_cache" not in off["execution"]["settings"]  # nothing to observe without a shared prefix
+
+
+def test_a_shared_prefix_as_long_as_the_prompt_is_one_line(tmp_path):
+    from harness.errors import UserError
+    from harness import grid
+    g = tmp_path / "bad.yaml"
+    g.write_text(GRID.format(name="bad", load="{concurrency: 2, requests: 6, shared_prefix: 16}", reps=1, env=""))
+    with pytest.raises(UserError, match="workload.load.shared_prefix: 16 tokens leave no tokens"):
+        grid.load(str(g))

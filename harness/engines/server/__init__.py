@@ -89,6 +89,8 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
         n = max(load.requests, w, 1)
         # pool 0: the warm-up requests; pool i: repetition i's measured requests (harness/metrics.py's seeds)
         pools = metrics.request_prompts(ctx.model, p, n, 1 + reps)
+        if load.shared_prefix:  # every prompt opens with the same tokens (warm-ups too: a hot system prompt)
+            pools = metrics.with_shared_prefix(ctx.model, pools, load.shared_prefix)
         prompts = [pools[0][:w]] + [pool[:load.requests] for pool in pools[1:]]
         srv = self.server(ctx, form, opts)
         log = ctx.workdir / "server.log"
@@ -140,7 +142,11 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
         else:
             settings["warmups"] = setting(w, len(samples[0]["warmup_requests"]) if samples else 0,
                                           "warm-up requests sent")
-        effective |= {"load": load.record(), "achieved": got, "schedule": sched, "usage_check": usage,
+        cache = serving.cache_check(measured, load.shared_prefix, getattr(opts, "prefix_cache", None))
+        row = self.prefix_cache_setting(opts, effective, cache) if hasattr(opts, "prefix_cache") else None
+        if row is not None:
+            settings["options.prefix_cache"] = row
+        effective |= {"load": load.record(), "achieved": got, "schedule": sched, "usage_check": usage, "cache": cache,
                       "requests_failed": len(errors), "ready_s": res.get("ready_s"),
                       "client_affinity": res.get("client_affinity"),
                       "metric_definitions": metrics.SERVING_DEFINITIONS_VERSION,
@@ -159,6 +165,7 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
         else:
             flags = [*(["client_behind: the client could not keep the load's schedule (see schedule)"]
                        if any(s["client_behind"] for s in sched) else []),
+                     *([f"cache: {cache['flag']} (see cache)"] if cache.get("flag") else []),
                      *([f"usage_mismatch: the server's token count differs from the client's or the asked length in "
                         f"{usage['n_mismatched']} request(s) (see usage_check)"] if not usage["ok"] else [])]
             if flags:
@@ -173,6 +180,14 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
 
     def engine_info_for(self, opts: Any) -> dict[str, Any]:
         return self.engine_info()
+
+    def prefix_cache_setting(self, opts: Any, effective: dict[str, Any], cache: dict[str, Any]) -> dict | None:
+        """The prefix cache as asked and as in effect: what the server reports of its setting where it does, else
+        whether it reported cached tokens where a hit was possible (a shared prefix); None: nothing to observe."""
+        if not (cache["requests_reporting"] and cache["shared_prefix"]):
+            return None
+        return setting(opts.prefix_cache, cache["cached_tokens"] > 0, "cached prompt tokens reported by the server "
+                                                                      "(usage), with a shared prefix")
 
     # ---- fidelity: the server started as for a run, the request answered over its API (fidelity.py) ----------
     def fidelity_server(self, model_path: Path, threads: int, cpus: list[int], dtype: str | None, request: dict,
@@ -226,6 +241,8 @@ class ServerOptions(Options):
 
 class LlamaServerOptions(ServerOptions):
     parallel: Annotated[int, Field(ge=1, le=256)] | None = None  # slots; default: the load's concurrency, else 4
+    # each request's cache_prompt: a slot keeps its last prompt's KV and reuses its common prefix (off: prefill all)
+    prefix_cache: bool = False
     n_batch: Annotated[int, Field(ge=1)] | None = None
     n_ubatch: Annotated[int, Field(ge=1)] | None = None
 
@@ -289,7 +306,7 @@ class LlamaServer(ServerEngine):
         return self._server(model_path, FIDELITY_MODEL, threads, cpus, None, n_ctx, 1, LlamaServerOptions())
 
     def extra(self, opts: Any, gen_len: int) -> dict[str, Any]:
-        return {"top_k": 1, "cache_prompt": False}
+        return {"top_k": 1, "cache_prompt": bool(opts.prefix_cache)}
 
     def validate_options(self, path: str, arm, opts: Any, workload: dict[str, tuple[str, set]]) -> None:
         from harness.engines.llamacpp.engine import CTX_PAD
@@ -331,6 +348,7 @@ class VllmServerOptions(ServerOptions):
     eager: bool = True
     max_num_seqs: Annotated[int, Field(ge=1)] | None = None  # default: the load's concurrency, else 4
     kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | None = None
+    prefix_cache: bool = False  # vLLM's --enable-prefix-caching (off: --no-enable-prefix-caching)
 
 
 VLLM_CONFIG = r"Initializing a V1 LLM engine \(v[^)]*\) with config: "
@@ -389,8 +407,9 @@ class VllmServer(ServerEngine, Patches):
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path),
             "--served-model-name", alias, "--host", "127.0.0.1", "--port", "{port}",
             "--dtype", dtype, "--max-model-len", str(max_len),
-            "--max-num-seqs", str(seqs), "--seed", "0", "--no-enable-prefix-caching",
-            "--disable-uvicorn-access-log", *extra]
+            "--max-num-seqs", str(seqs), "--seed", "0",
+            "--enable-prefix-caching" if getattr(opts, "prefix_cache", False) else "--no-enable-prefix-caching",
+            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log", *extra]
         if opts.eager:
             cmd.append("--enforce-eager")
         if opts.kv_cache_memory_bytes:
@@ -426,6 +445,10 @@ class VllmServer(ServerEngine, Patches):
 
     def extra(self, opts: Any, gen_len: int) -> dict[str, Any]:
         return {"min_tokens": gen_len, "return_token_ids": True, "top_k": 1}
+
+    def prefix_cache_setting(self, opts: Any, effective: dict[str, Any], cache: dict[str, Any]) -> dict[str, Any]:
+        on = {"True": True, "False": False}.get(effective.get("enable_prefix_caching") or "")
+        return setting(opts.prefix_cache, on, "the engine config line of vLLM's log (enable_prefix_caching)")
 
     def read_back(self, ctx: RunContext, res: dict[str, Any], load: serving.Load, opts: Any, form: str
                   ) -> tuple[dict[str, Any], dict[str, dict]]:

@@ -12,7 +12,8 @@ from harness.grid.spec import GridSpec, err, integer, short
 
 # workload.load and workload.slo; concurrency and rate are cell parameters (fixed in the load, or axes), the rest of
 # the load is the grid's (load(spec), kept in GridSpec.kinds under the kind's name)
-LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed", "points"}
+LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed", "points",
+               "shared_prefix"}
 LOAD_AXES = ("concurrency", "rate")
 SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")  # bounds in seconds; `share` (a sweep's capacity rule) is apart
 MAX_LOAD_REQUESTS = 100_000
@@ -88,6 +89,8 @@ def parse_load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, An
     if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 <= e < 1:
         raise err(path, "workload.load.errors_allowed", f"must be a share in [0, 1), got {short(e)}")
     out |= {"arrival": arrival, "burstiness": float(b), "seed": seed, "errors_allowed": float(e)}
+    if "shared_prefix" in raw:  # checked against each cell's prompt_len in validate_load
+        out["shared_prefix"] = integer(path, "workload.load.shared_prefix", raw["shared_prefix"], hi=1 << 20)
     return out, cells
 
 
@@ -151,7 +154,8 @@ def load_of(spec: GridSpec, params: dict, resolved: dict | None = None) -> Any:
                                  "execution loop, which resolves a sweep's rates (harness/sweep.py)"}
             rate = point.get("rate_req_s")
     return Load(requests=d["requests"], concurrency=conc, rate=rate, arrival=d.get("arrival", "poisson"),
-                burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0), sweep=point)
+                burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0), sweep=point,
+                shared_prefix=d.get("shared_prefix", 0))
 
 
 def validate_load(spec: GridSpec) -> None:
@@ -172,6 +176,12 @@ def validate_load(spec: GridSpec) -> None:
         if max(conc) > grid_load["requests"]:
             raise err(spec.path, "workload.load.requests", f"{grid_load['requests']} requests cannot keep "
                       f"{max(conc)} in flight", f"send at least {max(conc)} requests a repetition")
+        shared = grid_load.get("shared_prefix")
+        lens = spec.axes.get("prompt_len") or [spec.fixed.get("prompt_len")]
+        if shared is not None and any(isinstance(p, int) and shared >= p for p in lens):
+            raise err(spec.path, "workload.load.shared_prefix", f"{shared} tokens leave no tokens of a request's own "
+                      f"in a prompt of {min(p for p in lens if isinstance(p, int))}",
+                      "set shared_prefix below every prompt_len (a prompt is the shared prefix, then its own tokens)")
         if "batch" in spec.axes or spec.fixed.get("batch", 1) != 1:
             raise err(spec.path, "workload.batch", "a server engine takes a load, not a batch",
                       "drop batch; set workload.load.concurrency")

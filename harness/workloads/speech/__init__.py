@@ -76,6 +76,9 @@ class Speech(WorkloadKind):
         if speech and (spec.kinds.get("serving") or {}).get("slo") is not None:  # the serving kind's field
             raise err(spec.path, "workload.slo", "bounds token latencies; served speech's goodput is its stall-free "
                       "streams (stall_free_streams_s)", "drop workload.slo (docs/speech.md)")
+        if speech and ((spec.kinds.get("serving") or {}).get("load") or {}).get("shared_prefix") is not None:
+            raise err(spec.path, "workload.load.shared_prefix", "shares prompt tokens; a speech request is a text",
+                      "drop it (docs/speech.md)")
         if speech:
             needs = any(engine_class(a.engine).needs_model for a in spec.arms)
             for m in spec.axes.get("model") or [spec.model]:
