@@ -117,6 +117,12 @@ SERVING_METRICS |= {
                                      "repetition"),
     "goodput_req_s": ("req/s", True, "measured requests that completed within every bound of the grid's slo / "
                                      "(the last one's end - the first send); per repetition"),
+    "ttft_first_turn_p50_s": ("s", False, "the median over a repetition's conversations of their first turn's time "
+                                          "to first token (the send to the first output chunk); conversations; per "
+                                          "repetition"),
+    "ttft_later_turns_p50_s": ("s", False, "the median over the later turns of a repetition's conversations (each "
+                                           "resending the history) of the time to first token; conversations; per "
+                                           "repetition"),
     "cache_hit_share": ("share", True, "prompt tokens the server says it took from its prefix cache / prompt tokens "
                                        "(its usage: prompt_tokens_details.cached_tokens, or llama-server's "
                                        "timings.cache_n), over the measured requests that completed, where every "
@@ -161,6 +167,11 @@ def serving_figures(recs: list[dict], slo: dict[str, float] | None) -> dict[str,
     if span > 0:
         out["request_throughput_req_s"] = len(done) / span
         out["serve_output_tok_s"] = sum(lat["tokens"] for lat in lats) / span
+    if any("turn" in r for r in done):  # conversations: the first turn apart from the later ones (the history)
+        for name, pick in (("ttft_first_turn_p50_s", lambda t: t == 0), ("ttft_later_turns_p50_s", lambda t: t > 0)):
+            xs = [lat["ttft"] for r, lat in zip(done, lats) if pick(r.get("turn", 0))]
+            if xs:
+                out[name] = percentile(xs, 50.0)
     said = [(r.get("usage") or {}).get("cached_tokens") for r in done]
     total = sum((r.get("usage") or {}).get("prompt_tokens") or 0 for r in done)
     if all(isinstance(x, int) for x in said) and total > 0:
@@ -332,6 +343,15 @@ def with_shared_prefix(model: str, pools: list[list[list[int]]], n: int) -> list
     vocab, special = vocabulary(model)
     prefix = prompt_ids(SHARED_PREFIX_SEED, n, vocab, set(special))
     return [[prefix + ids[n:] for ids in pool] for pool in pools]
+
+
+def user_turns(model: str, n: int, conversations: int, turns: int, repetition: int) -> list[list[list[int]]]:
+    """A repetition's conversations' later turns: per conversation, per turn, n new token ids, seeded apart from
+    the first turns' (seed 1_000_000 + ...)."""
+    vocab, special = vocabulary(model)
+    base = 1_000_000 + repetition * conversations * turns
+    return [[prompt_ids(base + c * turns + t, n, vocab, set(special)) for t in range(turns)]
+            for c in range(conversations)]
 
 
 def prompts_hash(prompts: list[list[list[int]]]) -> str:

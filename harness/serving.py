@@ -44,6 +44,11 @@ class Load:
     seed: int = 0
     sweep: dict[str, Any] | None = None  # a point of a rate sweep (harness/sweep.py): which, and its rate's origin
     shared_prefix: int = 0  # the first tokens of every request's prompt, the same for all (a system prompt)
+    # conversations (turns > 1): `requests` is conversations x turns; each later turn resends the history (the
+    # prompts so far and the replies as the server gave them) with `user_len` new tokens, `think_s` after a reply
+    turns: int = 1
+    user_len: int = 0
+    think_s: float = 0.0
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"requests": self.requests}
@@ -55,7 +60,13 @@ class Load:
             out["sweep"] = self.sweep
         if self.shared_prefix:
             out["shared_prefix"] = self.shared_prefix
+        if self.turns > 1:
+            out |= {"turns": self.turns, "user_len": self.user_len, "think_s": self.think_s}
         return out
+
+    @property
+    def conversations(self) -> int:
+        return self.requests // self.turns
 
     @property
     def unresolved(self) -> str | None:
@@ -115,7 +126,9 @@ def _tokens_of(choice: dict[str, Any]) -> int:
 
 
 async def _one(session, ep: Endpoint, i: int, ids: list[int], gen_len: int, t0: float, scheduled: float | None,
-               warmup: bool) -> dict[str, Any]:
+               warmup: bool, reply: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One request's record; `reply`, where given, gets the reply's text and its token ids where the server sends
+    them (a conversation's next turn resends it)."""
     import aiohttp
     rec: dict[str, Any] = {"i": i, "warmup": warmup, "scheduled_s": scheduled, "prompt_tokens": len(ids),
                            "chunks_s": [], "chunk_tokens": [], "usage": None, "error": None, "asked": gen_len}
@@ -149,6 +162,10 @@ async def _one(session, ep: Endpoint, i: int, ids: list[int], gen_len: int, t0: 
                         if cached is not None:
                             rec["usage"]["cached_tokens"] = cached
                     for ch in msg.get("choices") or []:
+                        if reply is not None:
+                            reply["text"] = reply.get("text", "") + str(ch.get("text") or "")
+                            if isinstance(ch.get("token_ids"), list):
+                                reply.setdefault("ids", []).extend(ch["token_ids"])
                         n = _tokens_of(ch)
                         if n:
                             rec["chunks_s"].append(now)
@@ -238,10 +255,80 @@ async def _run(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompt
         return {"warmup_requests": warm, "requests": recs, "most_in_flight": in_flight[1]}
 
 
+async def _conversations(ep: Endpoint, load: Load, firsts: list[list[int]], users: list[list[list[int]]],
+                         warmup_prompts: list[list[int]], gen_len: int, tokenize: Any) -> dict[str, Any]:
+    """Conversations in a closed loop: `concurrency` users, each holding one conversation through its turns (think
+    time included) and taking the next when it ends. Turn t's prompt is turn t-1's prompt, its reply (the token ids
+    the server sent, else its text tokenized with the model's tokenizer, as a chat client resends text) and the
+    turn's `user_len` new tokens. A turn that fails ends its conversation: its later turns are recorded unsent."""
+    import aiohttp
+    conn = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        warm = []
+        for j, ids in enumerate(warmup_prompts):
+            t0 = time.perf_counter()
+            warm.append(await _one(session, ep, j, ids, gen_len, t0, None, True))
+        in_flight = [0, 0]
+        t0 = time.perf_counter()
+        recs: list[dict[str, Any]] = []
+        queue = list(range(len(firsts)))[::-1]
+
+        async def talk(c: int) -> None:
+            history = list(firsts[c])
+            for t in range(load.turns):
+                i = c * load.turns + t
+                reply: dict[str, Any] = {}
+                rec = await _one(session, ep, i, history, gen_len, t0, None, False, reply)
+                rec |= {"conversation": c, "turn": t}
+                recs.append(rec)
+                if rec["error"]:
+                    recs.extend({"i": c * load.turns + u, "warmup": False, "scheduled_s": None, "prompt_tokens": 0,
+                                 "chunks_s": [], "chunk_tokens": [], "usage": None, "asked": gen_len,
+                                 "conversation": c, "turn": u, "sent_s": rec["end_s"], "end_s": rec["end_s"],
+                                 "error": f"not sent: turn {t} of its conversation failed"}
+                                for u in range(t + 1, load.turns))
+                    return
+                if t + 1 < load.turns:
+                    said = reply.get("ids") or tokenize(reply.get("text", ""))
+                    history = history + list(said) + users[c][t]
+                    if load.think_s:
+                        await asyncio.sleep(load.think_s)
+
+        async def user() -> None:
+            while queue:
+                c = queue.pop()
+                in_flight[0] += 1
+                in_flight[1] = max(in_flight[1], in_flight[0])
+                try:
+                    await talk(c)
+                finally:
+                    in_flight[0] -= 1
+        await asyncio.gather(*(user() for _ in range(load.concurrency or 1)))
+        recs.sort(key=lambda r: r["i"])
+        return {"warmup_requests": warm, "requests": recs, "most_in_flight": in_flight[1]}
+
+
+def tokenizer_of(hf_dir: str | None) -> Any:
+    """text -> token ids with the model's own tokenizer (its tokenizer.json), no special tokens added: how a server
+    tokenizes resent text; None where the model has none here."""
+    if not hf_dir:
+        return None
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(Path(hf_dir) / "tokenizer.json"))
+    return lambda text: tok.encode(text, add_special_tokens=False).ids
+
+
 def run_load(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts: list[list[int]],
-             gen_len: int) -> dict[str, Any]:
+             gen_len: int, users: list[list[list[int]]] | None = None, tokenize: Any = None) -> dict[str, Any]:
     """One repetition of the load: warm-up requests one at a time, then `load.requests` requests as the load
-    schedules them. Returns the per-request records (raw samples) and the most requests seen in flight."""
+    schedules them (conversations: `prompts` their first turns, `users` each later turn's new tokens). Returns
+    the per-request records (raw samples) and the most requests seen in flight (conversations: in progress)."""
+    if load.turns > 1:
+        if tokenize is None:
+            raise ValueError("conversations need the model's tokenizer (to resend a reply given as text)")
+        return asyncio.run(_conversations(ep, load, prompts, users or [], warmup_prompts, gen_len, tokenize))
     return asyncio.run(_run(ep, load, prompts, warmup_prompts, gen_len))
 
 

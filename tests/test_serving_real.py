@@ -368,3 +368,48 @@ def test_a_shared_prefix_as_long_as_the_prompt_is_one_line(tmp_path):
     g.write_text(GRID.format(name="bad", load="{concurrency: 2, requests: 6, shared_prefix: 16}", reps=1, env=""))
     with pytest.raises(UserError, match="workload.load.shared_prefix: 16 tokens leave no tokens"):
         grid.load(str(g))
+
+
+def test_conversations_resend_their_history_and_the_cache_takes_it(tmp_path):
+    """A conversation load against a real llama-server (cache on): 3 conversations of 3 turns, 2 users. Each later
+    turn's prompt is the turn before's prompt, its reply (as the server gave it, tokenized with the model's
+    tokenizer) and 4 new tokens: the server's own prompt count says so, and its cache, holding the turn before,
+    serves at least that turn's prompt. Per-turn TTFT figures; a turn's failure leaves its later turns unsent."""
+    a = _run(tmp_path, "conv", "{concurrency: 2, conversations: 3, turns: 3, user_len: 4, think_s: 0.05}",
+             env=", options: {prefix_cache: true, parallel: 2}")
+    assert a["status"] == "ok", a.get("error")
+    assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
+    assert a["workload"]["load"] == {"requests": 9, "concurrency": 2, "turns": 3, "user_len": 4, "think_s": 0.05}
+    (rep,) = a["serving"]["repetitions"]
+    recs = rep["requests"]
+    assert len(recs) == 9 and rep["most_in_flight"] == 2
+    by = {(r["conversation"], r["turn"]): r for r in recs}
+    for c in range(3):
+        assert by[(c, 0)]["prompt_tokens"] == 16
+        for t in (1, 2):
+            before, now = by[(c, t - 1)], by[(c, t)]
+            assert now["usage"]["prompt_tokens"] == now["prompt_tokens"]  # what was sent is what the server read
+            grew = now["prompt_tokens"] - before["prompt_tokens"] - 4  # the reply, as resent
+            assert 1 <= grew <= 3 * 8, (c, t, grew)
+            assert now["usage"]["cached_tokens"] >= before["prompt_tokens"] - 1, (c, t, now["usage"])
+    m = a["metrics"]
+    assert m["ttft_first_turn_p50_s"]["samples"][0] > 0 and m["ttft_later_turns_p50_s"]["samples"][0] > 0
+    assert m["cache_hit_share"]["samples"][0] > 0.3
+
+
+@pytest.mark.parametrize("load, says", [
+    ("{concurrency: 2, conversations: 3, turns: 3}", "workload.load.user_len: is required with conversations"),
+    ("{concurrency: 2, conversations: 3, turns: 3, user_len: 4, requests: 9}", "workload.load.requests: is conversations x turns"),
+    ("{rate: 2, conversations: 3, turns: 3, user_len: 4}", "workload.load.rate: a conversation load is a closed loop"),
+    ("{concurrency: 2, conversations: 3, turns: 40, user_len: 4}", "workload.load.turns: a conversation's last turn needs"),
+    ("{concurrency: 4, conversations: 3, turns: 2, user_len: 4}", "3 conversations cannot keep 4 users busy"),
+    ("{concurrency: 2, requests: 4, turns: 2}", "workload.load.turns: applies to conversations"),
+])
+def test_a_conversation_load_it_cannot_send_is_one_line(tmp_path, load, says):
+    from harness import grid
+    from harness.errors import UserError
+    g = tmp_path / "bad.yaml"
+    g.write_text(GRID.format(name="bad", load=load, reps=1, env=""))
+    with pytest.raises(UserError) as e:
+        grid.load(str(g))
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -50,6 +50,9 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
 
     def refuse_load(self, path: str, arm: Any, load: dict[str, Any]) -> None:
         """vllm bench serve (the cross-check's client, options.client) sends poisson or gamma arrivals only."""
+        if arm.options.get("client") == "vllm-bench" and "turns" in load:
+            raise UserError(path, f"workload.load.conversations: vllm bench serve sends no conversations (arm "
+                                  f"{arm.name!r}'s options.client)", "use client: harness")
         if arm.options.get("client") == "vllm-bench" and load["arrival"] == "constant":
             raise UserError(path, f"workload.load.arrival: constant arrivals cannot be sent by vllm bench serve "
                                   f"(arm {arm.name!r}'s options.client)",
@@ -86,20 +89,23 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
             return failed("failed", f"rate sweep point {load.sweep['point']}: {load.unresolved}", [], dict(ctx.arm.env),
                           engine=self.engine_info_for(opts), requested={"threads": ctx.threads, "load": load.record()})
         w, reps = ctx.spec.warmups, ctx.spec.repetitions
-        n = max(load.requests, w, 1)
         # pool 0: the warm-up requests; pool i: repetition i's measured requests (harness/metrics.py's seeds)
-        pools = metrics.request_prompts(ctx.model, p, n, 1 + reps)
+        firsts = load.conversations if load.turns > 1 else load.requests  # conversations: their first turns
+        pools = metrics.request_prompts(ctx.model, p, max(firsts, w, 1), 1 + reps)
         if load.shared_prefix:  # every prompt opens with the same tokens (warm-ups too: a hot system prompt)
             pools = metrics.with_shared_prefix(ctx.model, pools, load.shared_prefix)
-        prompts = [pools[0][:w]] + [pool[:load.requests] for pool in pools[1:]]
+        prompts = [pools[0][:w]] + [pool[:firsts] for pool in pools[1:]]
+        # a conversation's later turns: user_len new tokens each, seeded apart from every first turn's
+        users = [metrics.user_turns(ctx.model, load.user_len, firsts, load.turns - 1, i) for i in range(reps)] \
+            if load.turns > 1 else None
         srv = self.server(ctx, form, opts)
         log = ctx.workdir / "server.log"
         request = {"timeout_s": ctx.timeout_s, "health": self.health, "info_paths": list(self.info_paths),
                    "log_patterns": list(self.log_patterns),
                    "model": self.api_model(ctx, opts), "extra": self.extra(opts, g), "gen_len": g,
                    "load": load.record(),
-                   "repetitions": [{"warmup_prompts": prompts[0] if i == 0 else [], "prompts": prompts[1 + i]}
-                                   for i in range(reps)],
+                   "repetitions": [{"warmup_prompts": prompts[0] if i == 0 else [], "prompts": prompts[1 + i],
+                                    **({"users": users[i]} if users else {})} for i in range(reps)],
                    "api_key_env": getattr(opts, "api_key_env", None),
                    "client": opts.client, "tokenizer": self.tokenizer(ctx)}
         if srv is not None:
@@ -175,7 +181,8 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
                             peak_memory=worker.proc.peak_memory,
                             after_load={"status": "not separable",
                                         "reason": "the server loads and serves in one process; see after_run"},
-                            prompt_token_hash=metrics.prompts_hash(prompts), eager=None, settings=settings,
+                            prompt_token_hash=metrics.prompts_hash(prompts + (users or [])), eager=None,
+                            settings=settings,
                             error=error, stderr_tail=res.get("log_tail") if error else None, serving=serving_block)
 
     def engine_info_for(self, opts: Any) -> dict[str, Any]:

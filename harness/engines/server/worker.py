@@ -135,6 +135,15 @@ def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> int | None:
         return proc.wait()
 
 
+def _send(req: dict, ep: Any, load: Any, rep: dict, tokenize: Any) -> dict:
+    """One repetition's load, sent by the harness's client or by vllm bench serve (the cross-check)."""
+    if req.get("client") == "vllm-bench":
+        from harness.engines.server.vllmbench import run as vllm_bench
+        return vllm_bench(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"]), req.get("tokenizer"))
+    return serving.run_load(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"]), rep.get("users"),
+                            tokenize)
+
+
 def main(req_path: str, out_path: str) -> int:
     req = json.loads(Path(req_path).read_text())
     out = Path(out_path)
@@ -186,13 +195,9 @@ def main(req_path: str, out_path: str) -> int:
         ep = serving.Endpoint(base_url=base, model=req["model"], extra=req.get("extra", {}), api_key=api_key,
                               timeout_s=max(1.0, deadline - time.time()))
         reps = []
+        tok = serving.tokenizer_of(req.get("tokenizer")) if load.turns > 1 else None
         for i, rep in enumerate(req["repetitions"]):
-            if req.get("client") == "vllm-bench":
-                from harness.engines.server.vllmbench import run as vllm_bench
-                reps.append(vllm_bench(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"]),
-                                       req.get("tokenizer")))
-            else:
-                reps.append(serving.run_load(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"])))
+            reps.append(_send(req, ep, load, rep, tok))
             if time.time() > deadline:
                 result["error"] = f"the run's time ran out after {i + 1} of {len(req['repetitions'])} repetitions"
                 result["status"] = "timeout"

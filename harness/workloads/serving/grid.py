@@ -13,7 +13,8 @@ from harness.grid.spec import GridSpec, err, integer, short
 # workload.load and workload.slo; concurrency and rate are cell parameters (fixed in the load, or axes), the rest of
 # the load is the grid's (load(spec), kept in GridSpec.kinds under the kind's name)
 LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed", "points",
-               "shared_prefix"}
+               "shared_prefix", "conversations", "turns", "user_len", "think_s"}
+CONVERSATION_FIELDS = ("turns", "user_len", "think_s")  # with conversations only
 LOAD_AXES = ("concurrency", "rate")
 SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")  # bounds in seconds; `share` (a sweep's capacity rule) is apart
 MAX_LOAD_REQUESTS = 100_000
@@ -40,9 +41,16 @@ def parse_load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, An
     for k in raw:
         if k not in LOAD_FIELDS:
             raise err(path, f"workload.load.{k}", "unknown field", f"allowed: {', '.join(sorted(LOAD_FIELDS))}")
-    if "requests" not in raw:
+    out: dict[str, Any] = {}
+    if "conversations" in raw:
+        out = parse_conversations(path, raw, axes)
+    elif "requests" not in raw:
         raise err(path, "workload.load.requests", "is required", "set how many measured requests a repetition sends")
-    out: dict[str, Any] = {"requests": integer(path, "workload.load.requests", raw["requests"])}
+    else:
+        for k in CONVERSATION_FIELDS:
+            if k in raw:
+                raise err(path, f"workload.load.{k}", "applies to conversations", "add conversations: N, or drop it")
+        out["requests"] = integer(path, "workload.load.requests", raw["requests"])
     if out["requests"] > MAX_LOAD_REQUESTS:
         raise err(path, "workload.load.requests", f"{out['requests']:,} is more than {MAX_LOAD_REQUESTS:,}")
     cells: dict[str, Any] = {}
@@ -92,6 +100,34 @@ def parse_load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, An
     if "shared_prefix" in raw:  # checked against each cell's prompt_len in validate_load
         out["shared_prefix"] = integer(path, "workload.load.shared_prefix", raw["shared_prefix"], hi=1 << 20)
     return out, cells
+
+
+def parse_conversations(path: str, raw: dict, axes: dict[str, list]) -> dict[str, Any]:
+    """conversations: N, turns: T (2 or more), user_len: U (each later turn's new tokens), think_s: S (after a
+    reply, before the next turn): a closed loop of `concurrency` users, requests = N x T."""
+    if "requests" in raw:
+        raise err(path, "workload.load.requests", "is conversations x turns in a conversation load",
+                  "drop requests (conversations: N, turns: T)")
+    clash = [f"workload.load.{k}" for k in ("rate", "arrival", "points") if k in raw] + \
+        [f"axes.{k}" for k in ("rate",) if k in axes]
+    if clash:
+        raise err(path, clash[0], "a conversation load is a closed loop of users (concurrency)",
+                  "drop it, and set concurrency: the users talking at once")
+    for k in ("turns", "user_len"):
+        if k not in raw:
+            raise err(path, f"workload.load.{k}", "is required with conversations",
+                      "turns: 4 (each conversation's requests), user_len: 32 (each later turn's new tokens)")
+    n = integer(path, "workload.load.conversations", raw["conversations"])
+    turns = integer(path, "workload.load.turns", raw["turns"], lo=2, hi=1000)
+    user = integer(path, "workload.load.user_len", raw["user_len"], hi=1 << 20)
+    think = raw.get("think_s", 0.0)
+    if isinstance(think, bool) or not isinstance(think, (int, float)) or not math.isfinite(think) or \
+            not 0 <= think <= 3600:
+        raise err(path, "workload.load.think_s", f"must be seconds in [0, 3600], got {short(think)}")
+    if n * turns > MAX_LOAD_REQUESTS:
+        raise err(path, "workload.load.conversations", f"{n:,} x {turns} turns are more than {MAX_LOAD_REQUESTS:,} "
+                  "requests")
+    return {"requests": n * turns, "turns": turns, "user_len": user, "think_s": float(think)}
 
 
 def parse_slo(path: str, raw: Any, load: dict | None) -> dict[str, float] | None:
@@ -155,7 +191,8 @@ def load_of(spec: GridSpec, params: dict, resolved: dict | None = None) -> Any:
             rate = point.get("rate_req_s")
     return Load(requests=d["requests"], concurrency=conc, rate=rate, arrival=d.get("arrival", "poisson"),
                 burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0), sweep=point,
-                shared_prefix=d.get("shared_prefix", 0))
+                shared_prefix=d.get("shared_prefix", 0), turns=d.get("turns", 1), user_len=d.get("user_len", 0),
+                think_s=d.get("think_s", 0.0))
 
 
 def validate_load(spec: GridSpec) -> None:
@@ -173,7 +210,9 @@ def validate_load(spec: GridSpec) -> None:
         for a in spec.arms:  # what each server engine's client can send (its own rule)
             capability(get_engine(a.engine), Serves).refuse_load(spec.path, a, grid_load)
         conc = spec.axes.get("concurrency") or [spec.fixed.get("concurrency", 1)]
-        if max(conc) > grid_load["requests"]:
+        if "turns" in grid_load:
+            _fits_conversations(spec, grid_load, conc)
+        elif max(conc) > grid_load["requests"]:
             raise err(spec.path, "workload.load.requests", f"{grid_load['requests']} requests cannot keep "
                       f"{max(conc)} in flight", f"send at least {max(conc)} requests a repetition")
         shared = grid_load.get("shared_prefix")
@@ -190,6 +229,29 @@ def validate_load(spec: GridSpec) -> None:
         if srv:
             raise err(spec.path, "workload.load", f"is required: arm {srv[0]!r} runs a server engine",
                       "add workload.load: {concurrency: N, requests: M} (docs/serving.md)")
+
+
+def _fits_conversations(spec: GridSpec, load: dict[str, Any], conc: list) -> None:
+    """A conversation's last turn (its prompt, every reply and user turn before it, and its reply) fits each
+    cell's context; as many conversations as users at once."""
+    n = load["requests"] // load["turns"]
+    if max(conc) > n:
+        raise err(spec.path, "workload.load.conversations", f"{n} conversations cannot keep {max(conc)} users busy",
+                  f"have at least {max(conc)} conversations")
+    for cell in _cells(spec):
+        p, g, c = (cell.get(k) for k in ("prompt_len", "gen_len", "context_len"))
+        if not all(isinstance(x, int) for x in (p, g, c)):
+            continue
+        need = p + (load["turns"] - 1) * (g + load["user_len"]) + g
+        if need > c:
+            raise err(spec.path, "workload.load.turns", f"a conversation's last turn needs {need} tokens of context "
+                      f"(prompt_len {p} + {load['turns'] - 1} x (gen_len {g} + user_len {load['user_len']}) + gen_len), "
+                      f"more than context_len {c}", "raise context_len, or fewer or shorter turns")
+
+
+def _cells(spec: GridSpec) -> list[dict[str, Any]]:
+    from harness.grid.cells import expand
+    return [c.params for c in expand(spec)]
 
 
 def parse(path: str, workload: dict[str, Any], axes: dict[str, list]) -> tuple[dict[str, Any], dict[str, Any]]:
