@@ -343,6 +343,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace_synth(args: argparse.Namespace) -> int:
+    from harness.workloads.serving import traces
+    return traces.synth_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="harness", description="Reproducible LLM inference benchmarks with provenance.")
     p.add_argument("--version", action="version", version=f"edge-harness {__version__}")
@@ -418,6 +423,20 @@ def _run_verbs(sub: Any) -> None:
     spl.add_argument("grid")
     spl.add_argument("--json", action="store_true", help="one object per run: cell, arm, pass, position")
     spl.set_defaults(func=cmd_plan)
+
+    str_ = sub.add_parser("trace", help="timed traces a load replays (docs/serving.md, \"Traces\")")
+    tsub = str_.add_subparsers(dest="trace_cmd", required=True)
+    tsy = tsub.add_parser("synth", help="write a seeded synthetic trace (Mooncake's JSONL form)")
+    tsy.add_argument("out")
+    tsy.add_argument("--requests", type=int, default=64)
+    tsy.add_argument("--rate", type=float, default=2.0, help="requests/s, Poisson arrivals")
+    tsy.add_argument("--seed", type=int, default=0)
+    tsy.add_argument("--input-len", default="64:256", help="MIN:MAX tokens, uniform")
+    tsy.add_argument("--output-len", default="16:64", help="MIN:MAX tokens, uniform")
+    tsy.add_argument("--block-len", type=int, default=512, help="tokens a hash id stands for (the load's block_len)")
+    tsy.add_argument("--prefixes", type=int, default=4, help="shared prefixes, one opening each request")
+    tsy.add_argument("--prefix-blocks", type=int, default=1, help="blocks of a shared prefix")
+    tsy.set_defaults(func=cmd_trace_synth)
 
     srun = sub.add_parser("run", help="execute a grid; resumable")
     srun.add_argument("grid")

@@ -49,6 +49,13 @@ class Load:
     turns: int = 1
     user_len: int = 0
     think_s: float = 0.0
+    # a trace replayed (harness/workloads/serving/traces.py): the file as the grid names it, its sha256 at plan, where
+    # it is on this machine (not recorded), its block length and the factor on its timestamps
+    trace: str | None = None
+    trace_sha256: str | None = None
+    trace_path: str | None = None
+    block_len: int = 512
+    time_scale: float = 1.0
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"requests": self.requests}
@@ -62,6 +69,9 @@ class Load:
             out["shared_prefix"] = self.shared_prefix
         if self.turns > 1:
             out |= {"turns": self.turns, "user_len": self.user_len, "think_s": self.think_s}
+        if self.trace is not None:
+            out |= {"trace": self.trace, "trace_sha256": self.trace_sha256, "block_len": self.block_len,
+                    "time_scale": self.time_scale, "arrival": "trace"}
         return out
 
     @property
@@ -210,7 +220,7 @@ def incomplete(rec: dict[str, Any], ended: bool) -> str | None:
 
 
 async def _run(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts: list[list[int]],
-               gen_len: int) -> dict[str, Any]:
+               gen_len: int, gen_lens: list[int] | None = None, schedule: list[float] | None = None) -> dict[str, Any]:
     import aiohttp
     # a fresh connection per request: a server that closes an idle keep-alive connection (llama-server does) cannot
     # fail the next request sent on it; the connect (loopback, well under a millisecond) is inside its TTFT
@@ -220,7 +230,7 @@ async def _run(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompt
         for j, ids in enumerate(warmup_prompts):  # one at a time, before the load; kept and flagged
             t0 = time.perf_counter()
             warm.append(await _one(session, ep, j, ids, gen_len, t0, None, True))
-        sched = arrivals(load)
+        sched = schedule if schedule is not None else arrivals(load)
         cap = asyncio.Semaphore(load.concurrency) if load.concurrency else None
         in_flight = [0, 0]  # now, most
         t0 = time.perf_counter()
@@ -235,7 +245,8 @@ async def _run(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompt
             in_flight[0] += 1
             in_flight[1] = max(in_flight[1], in_flight[0])
             try:
-                return await _one(session, ep, i, prompts[i], gen_len, t0, None if sched is None else sched[i], False)
+                return await _one(session, ep, i, prompts[i], gen_lens[i] if gen_lens else gen_len, t0,
+                                  None if sched is None else sched[i], False)
             finally:
                 in_flight[0] -= 1
                 if cap is not None:
@@ -321,7 +332,8 @@ def tokenizer_of(hf_dir: str | None) -> Any:
 
 
 def run_load(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts: list[list[int]],
-             gen_len: int, users: list[list[list[int]]] | None = None, tokenize: Any = None) -> dict[str, Any]:
+             gen_len: int, users: list[list[list[int]]] | None = None, tokenize: Any = None,
+             gen_lens: list[int] | None = None, schedule: list[float] | None = None) -> dict[str, Any]:
     """One repetition of the load: warm-up requests one at a time, then `load.requests` requests as the load
     schedules them (conversations: `prompts` their first turns, `users` each later turn's new tokens). Returns
     the per-request records (raw samples) and the most requests seen in flight (conversations: in progress)."""
@@ -329,7 +341,7 @@ def run_load(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts:
         if tokenize is None:
             raise ValueError("conversations need the model's tokenizer (to resend a reply given as text)")
         return asyncio.run(_conversations(ep, load, prompts, users or [], warmup_prompts, gen_len, tokenize))
-    return asyncio.run(_run(ep, load, prompts, warmup_prompts, gen_len))
+    return asyncio.run(_run(ep, load, prompts, warmup_prompts, gen_len, gen_lens, schedule))
 
 
 # ---- what the records say -----------------------------------------------------------------------------------
@@ -337,7 +349,7 @@ def run_load(ep: Endpoint, load: Load, prompts: list[list[int]], warmup_prompts:
 def schedule_check(load: Load, recs: list[dict[str, Any]]) -> dict[str, Any]:
     """Whether the client sent each open-loop request on time (a send more than LATE_S after its schedule is
     late); a run with more than LATE_SHARE of its sends late is flagged `client_behind`."""
-    if load.rate is None:
+    if load.rate is None and load.trace is None:
         return {"open_loop": False, "client_behind": False}
     lags = [r["sent_s"] - r["scheduled_s"] for r in recs if r.get("scheduled_s") is not None]
     late = sum(1 for x in lags if x > LATE_S)
@@ -379,8 +391,8 @@ def usage_check(recs: list[dict[str, Any]], gen_len: int) -> dict[str, Any]:
     differ is listed (recorded and flagged, never hidden)."""
     bad = []
     for r in recs:
-        client = sum(r["chunk_tokens"])
+        client, asked = sum(r["chunk_tokens"]), r.get("asked", gen_len)  # a trace's requests ask their own lengths
         server = (r.get("usage") or {}).get("completion_tokens")
-        if server is None or client != server or server != gen_len:
-            bad.append({"i": r["i"], "client_tokens": client, "server_tokens": server, "asked": gen_len})
+        if server is None or client != server or server != asked:
+            bad.append({"i": r["i"], "client_tokens": client, "server_tokens": server, "asked": asked})
     return {"mismatches": bad[:20], "n_mismatched": len(bad), "ok": not bad}

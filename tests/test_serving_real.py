@@ -413,3 +413,67 @@ def test_a_conversation_load_it_cannot_send_is_one_line(tmp_path, load, says):
     with pytest.raises(UserError) as e:
         grid.load(str(g))
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def _trace(tmp_path, lines):
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    return p
+
+
+def test_a_trace_is_replayed_on_its_schedule_with_its_own_lengths(tmp_path):
+    """A seeded synthetic trace (harness trace synth) replayed against a real llama-server: each request sent at its
+    timestamp, its prompt its input length (its blocks' tokens: two requests with one shared block share their
+    first tokens, so the cache on serves them), its output its own length; the trace's sha256 in the artifact."""
+    from harness.workloads.serving import traces
+    lines = traces.synth(6, 8.0, 3, (12, 16), (2, 6), 4, 1, 2)  # every prompt opens with the same 8 tokens
+    _trace(tmp_path, lines)
+    a = _run(tmp_path, "trace", "{trace: t.jsonl, block_len: 4}", env=", options: {prefix_cache: true}")
+    assert a["status"] == "ok", a.get("error")
+    assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
+    load = a["workload"]["load"]
+    assert load["trace"] == "t.jsonl" and len(load["trace_sha256"]) == 64 and load["requests"] == 6
+    (rep,) = a["serving"]["repetitions"]
+    for r, d in zip(rep["requests"], lines):
+        assert r["scheduled_s"] == pytest.approx(d["timestamp"] / 1000.0) and r["sent_s"] >= r["scheduled_s"] - 1e-3
+        assert r["prompt_tokens"] == d["input_length"] == r["usage"]["prompt_tokens"]
+        assert r["asked"] == d["output_length"] == r["usage"]["completion_tokens"]
+    eff = a["execution"]["effective"]
+    assert eff["schedule"][0]["open_loop"] and eff["usage_check"]["ok"]
+    assert sum(r["usage"]["cached_tokens"] >= 8 for r in rep["requests"][1:]) >= 3  # the shared first blocks
+
+
+@pytest.mark.parametrize("line, says", [
+    ("not json", ":1: not JSON"),
+    ('{"timestamp": 0, "input_length": 0, "output_length": 4}', "input_length: must be an integer in [1,"),
+    ('{"timestamp": -1, "input_length": 4, "output_length": 4}', "timestamp: must be milliseconds >= 0"),
+    ('{"timestamp": 0, "input_length": 4, "output_length": 4, "hash_ids": ["a"]}', "hash_ids[0]: must be an integer"),
+    ('{"timestamp": 0, "input_length": 4, "output_length": 4, "tokens": 3}', "tokens: unknown field"),
+    ('{"timestamp": 5, "input_length": 4, "output_length": 4}\n{"timestamp": 1, "input_length": 4, "output_length": 4}',
+     ":2: timestamp: 1 is before"),
+    ('{"timestamp": 0, "input_length": 400, "output_length": 4}', "workload.prompt_len: 16 is below the trace's longest"),
+])
+def test_a_malformed_trace_is_one_line_naming_its_line(tmp_path, line, says):
+    from harness import grid
+    from harness.errors import UserError
+    (tmp_path / "t.jsonl").write_text(line + "\n")
+    g = tmp_path / "g.yaml"
+    g.write_text(GRID.format(name="g", load="{trace: t.jsonl}", reps=1, env=""))
+    with pytest.raises(UserError) as e:
+        grid.load(str(g))
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_trace_changed_after_the_plan_fails_its_run(tmp_path):
+    from harness import grid
+    from harness.engines import get_engine
+    from harness.workloads.serving import grid as serving_grid
+    t = _trace(tmp_path, [{"timestamp": 0, "input_length": 8, "output_length": 2}])
+    g = tmp_path / "g.yaml"
+    g.write_text(GRID.format(name="g", load="{trace: t.jsonl}", reps=1, env=""))
+    spec = grid.load(str(g))
+    t.write_text(json.dumps({"timestamp": 0, "input_length": 9, "output_length": 2}) + "\n")
+    from types import SimpleNamespace as NS
+    ctx = NS(arm=spec.arms[0], threads=1)
+    res = get_engine("llama-server").trace_requests(ctx, serving_grid.load_of(spec, {}))
+    assert res.status == "failed" and "t.jsonl changed since the grid was read" in res.error

@@ -98,6 +98,11 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
         # a conversation's later turns: user_len new tokens each, seeded apart from every first turn's
         users = [metrics.user_turns(ctx.model, load.user_len, firsts, load.turns - 1, i) for i in range(reps)] \
             if load.turns > 1 else None
+        trace = self.trace_requests(ctx, load) if load.trace is not None else None
+        if isinstance(trace, EngineResult):
+            return trace
+        if trace is not None:  # every repetition replays the trace: its prompts, lengths and schedule
+            prompts = [prompts[0]] + [trace["prompts"]] * reps
         srv = self.server(ctx, form, opts)
         log = ctx.workdir / "server.log"
         request = {"timeout_s": ctx.timeout_s, "health": self.health, "info_paths": list(self.info_paths),
@@ -105,7 +110,9 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
                    "model": self.api_model(ctx, opts), "extra": self.extra(opts, g), "gen_len": g,
                    "load": load.record(),
                    "repetitions": [{"warmup_prompts": prompts[0] if i == 0 else [], "prompts": prompts[1 + i],
-                                    **({"users": users[i]} if users else {})} for i in range(reps)],
+                                    **({"users": users[i]} if users else {}),
+                                    **({"gen_lens": trace["gen_lens"], "schedule": trace["schedule"]} if trace else {})}
+                                   for i in range(reps)],
                    "api_key_env": getattr(opts, "api_key_env", None),
                    "client": opts.client, "tokenizer": self.tokenizer(ctx)}
         if srv is not None:
@@ -187,6 +194,25 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
 
     def engine_info_for(self, opts: Any) -> dict[str, Any]:
         return self.engine_info()
+
+    def trace_requests(self, ctx: RunContext, load: serving.Load) -> dict[str, Any] | EngineResult:
+        """A trace's first `requests` requests: prompts, output lengths and send times; a failed run where the file
+        changed since the grid was planned."""
+        from harness.workloads.serving import traces
+        try:
+            reqs, sha = traces.read(load.trace_path or "")
+        except UserError as e:
+            sha, why = None, str(e)
+        else:
+            why = None if sha == load.trace_sha256 else f"{load.trace} changed since the grid was read (sha256 " \
+                f"{sha[:12]}, was {str(load.trace_sha256)[:12]})"
+        if why is not None:
+            return failed("failed", why, [], dict(ctx.arm.env), engine=self.engine_info_for(self.options(ctx.arm)),
+                          requested={"threads": ctx.threads, "load": load.record()})
+        cut = reqs[:load.requests]
+        vocab, special = metrics.vocabulary(ctx.model)
+        return {"prompts": traces.prompts(cut, load.block_len, vocab, set(special)),
+                "gen_lens": [r.output_len for r in cut], "schedule": [r.t_s * load.time_scale for r in cut]}
 
     def prefix_cache_setting(self, opts: Any, effective: dict[str, Any], cache: dict[str, Any]) -> dict | None:
         """The prefix cache as asked and as in effect: what the server reports of its setting where it does, else

@@ -141,7 +141,7 @@ def _send(req: dict, ep: Any, load: Any, rep: dict, tokenize: Any) -> dict:
         from harness.engines.server.vllmbench import run as vllm_bench
         return vllm_bench(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"]), req.get("tokenizer"))
     return serving.run_load(ep, load, rep["prompts"], rep["warmup_prompts"], int(req["gen_len"]), rep.get("users"),
-                            tokenize)
+                            tokenize, rep.get("gen_lens"), rep.get("schedule"))
 
 
 def main(req_path: str, out_path: str) -> int:

@@ -13,7 +13,7 @@ from harness.grid.spec import GridSpec, err, integer, short
 # workload.load and workload.slo; concurrency and rate are cell parameters (fixed in the load, or axes), the rest of
 # the load is the grid's (load(spec), kept in GridSpec.kinds under the kind's name)
 LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed", "points",
-               "shared_prefix", "conversations", "turns", "user_len", "think_s"}
+               "shared_prefix", "conversations", "turns", "user_len", "think_s", "trace", "block_len", "time_scale"}
 CONVERSATION_FIELDS = ("turns", "user_len", "think_s")  # with conversations only
 LOAD_AXES = ("concurrency", "rate")
 SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")  # bounds in seconds; `share` (a sweep's capacity rule) is apart
@@ -42,6 +42,11 @@ def parse_load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, An
         if k not in LOAD_FIELDS:
             raise err(path, f"workload.load.{k}", "unknown field", f"allowed: {', '.join(sorted(LOAD_FIELDS))}")
     out: dict[str, Any] = {}
+    if "trace" in raw:
+        return parse_trace(path, raw, axes)
+    for k in ("block_len", "time_scale"):
+        if k in raw:
+            raise err(path, f"workload.load.{k}", "applies to a trace", "add trace: FILE, or drop it")
     if "conversations" in raw:
         out = parse_conversations(path, raw, axes)
     elif "requests" not in raw:
@@ -100,6 +105,40 @@ def parse_load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, An
     if "shared_prefix" in raw:  # checked against each cell's prompt_len in validate_load
         out["shared_prefix"] = integer(path, "workload.load.shared_prefix", raw["shared_prefix"], hi=1 << 20)
     return out, cells
+
+
+def parse_trace(path: str, raw: dict, axes: dict[str, list]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """trace: FILE (JSONL, relative to the grid file), block_len (default 512, Mooncake's), time_scale (default 1:
+    each timestamp x it), requests (default: all its lines; the first N), concurrency (optional: at most that
+    many in flight). Read here: its sha256 recorded, a malformed line refused before anything runs."""
+    from pathlib import Path
+
+    from harness.workloads.serving.traces import read as read_trace
+    clash = [f"workload.load.{k}" for k in ("rate", "arrival", "seed", "points", "burstiness", "conversations",
+                                            "shared_prefix")
+             if k in raw] + [f"axes.{k}" for k in LOAD_AXES if k in axes]
+    if clash:
+        raise err(path, clash[0], "a trace sends its own requests on its own schedule", "drop it")
+    f = raw["trace"]
+    if not isinstance(f, str) or not f.strip():
+        raise err(path, "workload.load.trace", f"must be a file's path, got {short(f)}", "trace: traces/mine.jsonl")
+    full = (Path(path).parent / f).resolve()
+    reqs, sha = read_trace(full)
+    n = integer(path, "workload.load.requests", raw.get("requests", len(reqs)), hi=len(reqs))
+    block = integer(path, "workload.load.block_len", raw.get("block_len", 512), hi=1 << 16)
+    scale = raw.get("time_scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or not 0 < scale <= 1e3:
+        raise err(path, "workload.load.time_scale", f"must be a number in (0, 1000], got {short(scale)}",
+                  "0.5: the trace twice as fast")
+    e = raw.get("errors_allowed", 0.0)
+    if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 <= e < 1:
+        raise err(path, "workload.load.errors_allowed", f"must be a share in [0, 1), got {short(e)}")
+    cells = {"concurrency": integer(path, "workload.load.concurrency", raw["concurrency"])} if "concurrency" in raw else {}
+    longest = max(reqs[:n], key=lambda r: r.input_len + r.output_len)
+    return {"requests": n, "trace": f, "trace_path": str(full), "trace_sha256": sha, "block_len": block,
+            "time_scale": float(scale), "errors_allowed": float(e), "arrival": "trace",
+            "longest": {"line": longest.line, "input_len": max(r.input_len for r in reqs[:n]),
+                        "output_len": max(r.output_len for r in reqs[:n])}}, cells
 
 
 def parse_conversations(path: str, raw: dict, axes: dict[str, list]) -> dict[str, Any]:
@@ -189,6 +228,10 @@ def load_of(spec: GridSpec, params: dict, resolved: dict | None = None) -> Any:
             point = resolved or {"point": rate, "error": "not resolved: the run was not started by the grid's "
                                  "execution loop, which resolves a sweep's rates (harness/sweep.py)"}
             rate = point.get("rate_req_s")
+    if "trace" in d:
+        return Load(requests=d["requests"], concurrency=conc, arrival="trace", trace=d["trace"],
+                    trace_sha256=d["trace_sha256"], trace_path=d["trace_path"], block_len=d["block_len"],
+                    time_scale=d["time_scale"])
     return Load(requests=d["requests"], concurrency=conc, rate=rate, arrival=d.get("arrival", "poisson"),
                 burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0), sweep=point,
                 shared_prefix=d.get("shared_prefix", 0), turns=d.get("turns", 1), user_len=d.get("user_len", 0),
@@ -212,6 +255,8 @@ def validate_load(spec: GridSpec) -> None:
         conc = spec.axes.get("concurrency") or [spec.fixed.get("concurrency", 1)]
         if "turns" in grid_load:
             _fits_conversations(spec, grid_load, conc)
+        elif "trace" in grid_load:
+            _fits_trace(spec, grid_load)
         elif max(conc) > grid_load["requests"]:
             raise err(spec.path, "workload.load.requests", f"{grid_load['requests']} requests cannot keep "
                       f"{max(conc)} in flight", f"send at least {max(conc)} requests a repetition")
@@ -247,6 +292,18 @@ def _fits_conversations(spec: GridSpec, load: dict[str, Any], conc: list) -> Non
             raise err(spec.path, "workload.load.turns", f"a conversation's last turn needs {need} tokens of context "
                       f"(prompt_len {p} + {load['turns'] - 1} x (gen_len {g} + user_len {load['user_len']}) + gen_len), "
                       f"more than context_len {c}", "raise context_len, or fewer or shorter turns")
+
+
+def _fits_trace(spec: GridSpec, load: dict[str, Any]) -> None:
+    """A trace's longest input and output within each cell's prompt_len and gen_len (its caps: the requests take
+    the trace's own lengths)."""
+    most = load["longest"]
+    for cell in _cells(spec):
+        for k, mine in (("prompt_len", "input_len"), ("gen_len", "output_len")):
+            if isinstance(cell.get(k), int) and most[mine] > cell[k]:
+                raise err(spec.path, f"workload.{k}", f"{cell[k]} is below the trace's longest {mine.replace('_len', '')} "
+                          f"({most[mine]} tokens; {load['trace']})", f"with a trace, {k} is each request's cap: set it "
+                          f"to {most[mine]} or more, or cut the trace (requests: N)")
 
 
 def _cells(spec: GridSpec) -> list[dict[str, Any]]:
