@@ -56,6 +56,11 @@ class Load:
     trace_path: str | None = None
     block_len: int = 512
     time_scale: float = 1.0
+    # prompts from a dataset file (harness/workloads/serving/datasets.py): as the grid names it, its sha256 at plan,
+    # where it is here (not recorded)
+    dataset: str | None = None
+    dataset_sha256: str | None = None
+    dataset_path: str | None = None
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"requests": self.requests}
@@ -69,6 +74,8 @@ class Load:
             out["shared_prefix"] = self.shared_prefix
         if self.turns > 1:
             out |= {"turns": self.turns, "user_len": self.user_len, "think_s": self.think_s}
+        if self.dataset is not None:
+            out |= {"dataset": self.dataset, "dataset_sha256": self.dataset_sha256}
         if self.trace is not None:
             out |= {"trace": self.trace, "trace_sha256": self.trace_sha256, "block_len": self.block_len,
                     "time_scale": self.time_scale, "arrival": "trace"}

@@ -477,3 +477,47 @@ def test_a_trace_changed_after_the_plan_fails_its_run(tmp_path):
     ctx = NS(arm=spec.arms[0], threads=1)
     res = get_engine("llama-server").trace_requests(ctx, serving_grid.load_of(spec, {}))
     assert res.status == "failed" and "t.jsonl changed since the grid was read" in res.error
+
+
+def test_a_dataset_files_prompts_are_sent_tokenized_with_their_reply_lengths(tmp_path):
+    """A ShareGPT-style file against a real llama-server: each record's first human turn tokenized with the model's
+    tokenizer and sent as ids, its output forced to its reply's length; a record too long for the caps skipped and
+    counted; the file's sha256 in the artifact; a file changed after the plan fails the run."""
+    from harness import models
+    from harness.serving import tokenizer_of
+    recs = [{"conversations": [{"from": "human", "value": "Hello there, how are you?"},
+                               {"from": "gpt", "value": "Fine, thanks."}]},
+            {"conversations": [{"from": "human", "value": "word " * 200}, {"from": "gpt", "value": "ok"}]},
+            {"prompt": "Tell me a joke.", "output": "No."},
+            {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Why?"},
+                               {"from": "gpt", "value": "Because it is so."}]}]
+    (tmp_path / "chats.json").write_text(json.dumps(recs))
+    a = _run(tmp_path, "ds", "{concurrency: 2, requests: 3, dataset: chats.json}")
+    assert a["status"] == "ok", a.get("error")
+    assert [p for p in check_doc(a, f"{a['id']}.json") if ": harness.dirty:" not in p] == []
+    tok = tokenizer_of(str(models.form_path("tiny-llama", "hf-fp32")))
+    want = [(tok(r[0]), len(tok(r[1]))) for r in (("Hello there, how are you?", "Fine, thanks."),
+                                                   ("Tell me a joke.", "No."), ("Why?", "Because it is so."))]
+    (rep,) = a["serving"]["repetitions"]
+    for r, (ids, out) in zip(rep["requests"], want):
+        assert r["prompt_tokens"] == len(ids) == r["usage"]["prompt_tokens"] and r["asked"] == out
+    assert a["workload"]["load"]["dataset"] == "chats.json" and len(a["workload"]["load"]["dataset_sha256"]) == 64
+    assert a["execution"]["effective"]["dataset"]["skipped"]["prompt_too_long"] == 1
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[1, 2", "chats.json: not JSON"),
+    ('[{"conversations": "hi"}]', "record 0: conversations: must be a list"),
+    ('[{"conversations": [{"from": "human"}]}]', "record 0: conversations[0]: must be"),
+    ('{"prompt": "a"}\n{"text": "b"}\n', "chats.json:2: neither conversations nor prompt"),
+    ('[{"conversations": []}]', "no record has a prompt"),
+])
+def test_a_malformed_dataset_is_one_line_naming_its_record(tmp_path, text, says):
+    from harness import grid
+    from harness.errors import UserError
+    (tmp_path / "chats.json").write_text(text)
+    g = tmp_path / "g.yaml"
+    g.write_text(GRID.format(name="g", load="{concurrency: 1, requests: 2, dataset: chats.json}", reps=1, env=""))
+    with pytest.raises(UserError) as e:
+        grid.load(str(g))
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -12,6 +12,7 @@ from the per-request chunk stamps by harness/metrics.py (the serving definitions
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -98,7 +99,8 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
         # a conversation's later turns: user_len new tokens each, seeded apart from every first turn's
         users = [metrics.user_turns(ctx.model, load.user_len, firsts, load.turns - 1, i) for i in range(reps)] \
             if load.turns > 1 else None
-        trace = self.trace_requests(ctx, load) if load.trace is not None else None
+        trace = self.trace_requests(ctx, load) if load.trace is not None else \
+            self.dataset_requests(ctx, load) if load.dataset is not None else None
         if isinstance(trace, EngineResult):
             return trace
         if trace is not None:  # every repetition replays the trace: its prompts, lengths and schedule
@@ -111,7 +113,8 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
                    "load": load.record(),
                    "repetitions": [{"warmup_prompts": prompts[0] if i == 0 else [], "prompts": prompts[1 + i],
                                     **({"users": users[i]} if users else {}),
-                                    **({"gen_lens": trace["gen_lens"], "schedule": trace["schedule"]} if trace else {})}
+                                    **({"gen_lens": trace["gen_lens"], "schedule": trace.get("schedule")}
+                                       if trace else {})}
                                    for i in range(reps)],
                    "api_key_env": getattr(opts, "api_key_env", None),
                    "client": opts.client, "tokenizer": self.tokenizer(ctx)}
@@ -159,6 +162,8 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
         row = self.prefix_cache_setting(opts, effective, cache) if hasattr(opts, "prefix_cache") else None
         if row is not None:
             settings["options.prefix_cache"] = row
+        if trace and "dataset" in trace:
+            effective["dataset"] = trace["dataset"]
         effective |= {"load": load.record(), "achieved": got, "schedule": sched, "usage_check": usage, "cache": cache,
                       "requests_failed": len(errors), "ready_s": res.get("ready_s"),
                       "client_affinity": res.get("client_affinity"),
@@ -194,6 +199,29 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
 
     def engine_info_for(self, opts: Any) -> dict[str, Any]:
         return self.engine_info()
+
+    def dataset_requests(self, ctx: RunContext, load: serving.Load) -> dict[str, Any] | EngineResult:
+        """A dataset's first `requests` usable records: prompts (the model's tokenizer) and output lengths; a failed
+        run where the file changed since the plan, or has too few usable records for the cell's caps."""
+        from harness.workloads.serving import datasets
+        tok_dir = self.tokenizer(ctx)
+        try:
+            recs, sha = datasets.read(load.dataset_path or "")
+            if sha != load.dataset_sha256:
+                raise UserError(str(load.dataset), f"changed since the grid was read (sha256 {sha[:12]}, was "
+                                f"{str(load.dataset_sha256)[:12]})", "plan the grid again")
+            if tok_dir is None:
+                raise UserError(f"model {ctx.model}", "has no tokenizer here to read a dataset's text with",
+                                "use a model with an hf-* form")
+            prompts, outs, used = datasets.requests(recs, serving.tokenizer_of(tok_dir), load.requests,
+                                                    int(ctx.params["prompt_len"]), int(ctx.params["gen_len"]),
+                                                    int(ctx.params["gen_len"]))
+        except UserError as e:
+            return failed("failed", str(e), [], dict(ctx.arm.env), engine=self.engine_info_for(self.options(ctx.arm)),
+                          requested={"threads": ctx.threads, "load": load.record()})
+        tok_sha = hashlib.sha256((Path(tok_dir) / "tokenizer.json").read_bytes()).hexdigest()
+        return {"prompts": prompts, "gen_lens": outs,
+                "dataset": {**used, "tokenizer_sha256": tok_sha, "prompt_tokens": [len(p) for p in prompts]}}
 
     def trace_requests(self, ctx: RunContext, load: serving.Load) -> dict[str, Any] | EngineResult:
         """A trace's first `requests` requests: prompts, output lengths and send times; a failed run where the file

@@ -13,7 +13,8 @@ from harness.grid.spec import GridSpec, err, integer, short
 # workload.load and workload.slo; concurrency and rate are cell parameters (fixed in the load, or axes), the rest of
 # the load is the grid's (load(spec), kept in GridSpec.kinds under the kind's name)
 LOAD_FIELDS = {"concurrency", "rate", "arrival", "burstiness", "requests", "seed", "errors_allowed", "points",
-               "shared_prefix", "conversations", "turns", "user_len", "think_s", "trace", "block_len", "time_scale"}
+               "shared_prefix", "conversations", "turns", "user_len", "think_s", "trace", "block_len", "time_scale",
+               "dataset"}
 CONVERSATION_FIELDS = ("turns", "user_len", "think_s")  # with conversations only
 LOAD_AXES = ("concurrency", "rate")
 SLO_FIELDS = ("ttft_s", "tpot_s", "e2e_s")  # bounds in seconds; `share` (a sweep's capacity rule) is apart
@@ -47,6 +48,8 @@ def parse_load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, An
     for k in ("block_len", "time_scale"):
         if k in raw:
             raise err(path, f"workload.load.{k}", "applies to a trace", "add trace: FILE, or drop it")
+    if "dataset" in raw:
+        out = parse_dataset(path, raw)
     if "conversations" in raw:
         out = parse_conversations(path, raw, axes)
     elif "requests" not in raw:
@@ -141,6 +144,23 @@ def parse_trace(path: str, raw: dict, axes: dict[str, list]) -> tuple[dict[str, 
                         "output_len": max(r.output_len for r in reqs[:n])}}, cells
 
 
+def parse_dataset(path: str, raw: dict) -> dict[str, Any]:
+    """dataset: FILE (ShareGPT-style JSON or JSONL, relative to the grid file), read and checked here; its
+    records' prompts are tokenized at run time with the model's tokenizer (harness/workloads/serving/datasets.py)."""
+    from pathlib import Path
+
+    from harness.workloads.serving.datasets import read as read_dataset
+    clash = [f"workload.load.{k}" for k in ("conversations", "shared_prefix") if k in raw]
+    if clash:
+        raise err(path, clash[0], "a dataset's requests are its records' prompts", "drop it")
+    f = raw["dataset"]
+    if not isinstance(f, str) or not f.strip():
+        raise err(path, "workload.load.dataset", f"must be a file's path, got {short(f)}", "dataset: data/chats.json")
+    full = (Path(path).parent / f).resolve()
+    recs, sha = read_dataset(full)
+    return {"dataset": f, "dataset_path": str(full), "dataset_sha256": sha, "dataset_records": len(recs)}
+
+
 def parse_conversations(path: str, raw: dict, axes: dict[str, list]) -> dict[str, Any]:
     """conversations: N, turns: T (2 or more), user_len: U (each later turn's new tokens), think_s: S (after a
     reply, before the next turn): a closed loop of `concurrency` users, requests = N x T."""
@@ -233,7 +253,8 @@ def load_of(spec: GridSpec, params: dict, resolved: dict | None = None) -> Any:
                     trace_sha256=d["trace_sha256"], trace_path=d["trace_path"], block_len=d["block_len"],
                     time_scale=d["time_scale"])
     return Load(requests=d["requests"], concurrency=conc, rate=rate, arrival=d.get("arrival", "poisson"),
-                burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0), sweep=point,
+                burstiness=d.get("burstiness", 1.0), seed=d.get("seed", 0), sweep=point, dataset=d.get("dataset"),
+                dataset_sha256=d.get("dataset_sha256"), dataset_path=d.get("dataset_path"),
                 shared_prefix=d.get("shared_prefix", 0), turns=d.get("turns", 1), user_len=d.get("user_len", 0),
                 think_s=d.get("think_s", 0.0))
 
