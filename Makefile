@@ -58,7 +58,7 @@ $(BOOT): pyproject.toml | $(PY)
 $(STAMP): pyproject.toml | $(BOOT)
 	@echo "[setup] installing pinned dependencies into $(VENV) (log: $(VENV)/pip-deps.log)"
 	@$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-	  print("\n".join(p["dependencies"] + [d for e in ("dev", "fleet", "openvino", "onnxruntime", "speech") \
+	  print("\n".join(p["dependencies"] + [d for e in ("engines", "dev", "fleet", "openvino", "onnxruntime", "speech") \
 	                                          for d in p["optional-dependencies"][e]]))' > $(VENV)/requirements.txt
 	@$(PY) -m pip install --no-compile $(PIP_EXTRA) -r $(VENV)/requirements.txt > $(VENV)/pip-deps.log 2>&1 || \
 	  { echo "error: pip install failed: $$(grep -m1 -E '^ERROR' $(VENV)/pip-deps.log) (fix: check network to the package index; full log in $(VENV)/pip-deps.log)" >&2; exit 2; }

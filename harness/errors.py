@@ -19,3 +19,14 @@ class UserError(Exception):
         if fix:
             msg += f" (fix: {fix})"
         super().__init__(msg)
+
+
+def require_engines(where: str, what: str, packages: tuple[str, ...] | list[str]) -> None:
+    """Refuse, in one line naming the extra, what needs Python packages a client-only install (`pip install .`)
+    does not have (the extra `engines`: torch, vLLM, transformers)."""
+    import importlib.util
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if missing:
+        raise UserError(where, f"{what} needs {', '.join(missing)}, not installed here (a client-only install)",
+                        "pip install 'edge-harness[engines]' (make installs it), or benchmark a server through the "
+                        "openai engine (docs/serving.md)")

@@ -18,6 +18,7 @@ import json
 import math
 import random
 from functools import lru_cache
+from pathlib import Path
 
 # name -> (unit, higher_is_better, definition)
 REQUEST_METRICS: dict[str, tuple[str, bool, str]] = {
@@ -317,7 +318,14 @@ def prompt_ids(seed: int, n: int, vocab: int, special: set[int]) -> list[int]:
 
 @lru_cache(maxsize=None)
 def vocabulary(model: str) -> tuple[int, frozenset[int]]:
-    """The model's vocabulary size and special token ids, from its HF config and tokenizer files."""
+    """The model's vocabulary size and special token ids, from its HF config and tokenizer files; `model` an
+    absolute path: a tokenizer.json alone (an endpoint's arm `tokenizer`, where no model is prepared here), its
+    vocabulary the tokenizer's, added tokens included."""
+    if model.startswith("/"):
+        from tokenizers import Tokenizer
+        tok = json.loads(Path(model).read_text())
+        vocab = Tokenizer.from_str(json.dumps(tok)).get_vocab_size(with_added_tokens=True)
+        return vocab, frozenset(int(t["id"]) for t in tok.get("added_tokens", []) if t.get("special"))
     from harness import models
     d = models.form_path(model, "hf-fp32")
     vocab = int(json.loads((d / "config.json").read_text())["vocab_size"])

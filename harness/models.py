@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from harness import quantizers, usermodels
 from harness.engines import form_makers, gguf_toolchain
-from harness.errors import UserError
+from harness.errors import UserError, require_engines
 from harness.paths import PROJECT_ROOT, models_root, sha256_file
 from harness.usermodels import matmul_parameters  # noqa: F401 (the zoo's shapes use it; its home is the lower layer)
 from harness.modelbuild import (RECIPE_VERSION, SMOL_PKG, SMOL_WHEEL_SHA256, KQuants, _build_smollm2, _convert_gguf,
@@ -426,6 +426,7 @@ MANIFEST_OWN = ("name", "description", "key", "recipe_version", "prepared_at", "
 def prepare(name: str, rebuild: bool = False, forms: list[str] | None = None) -> dict:
     """Build (or verify and reuse) one model; returns its manifest. `forms`: of a user's model, the forms to have
     (None: every one); a prepared copy that lacks some is extended with them, its other files kept."""
+    require_engines(f"model {name}", "preparing the model zoo", ("torch", "transformers"))
     d = get_def(name)
     root = model_dir(name)
     derived = [f for f in dict.fromkeys(forms or []) if f in derived_forms()]

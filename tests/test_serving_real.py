@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -466,17 +467,15 @@ def test_a_malformed_trace_is_one_line_naming_its_line(tmp_path, line, says):
 
 def test_a_trace_changed_after_the_plan_fails_its_run(tmp_path):
     from harness import grid
-    from harness.engines import get_engine
     from harness.workloads.serving import grid as serving_grid
     t = _trace(tmp_path, [{"timestamp": 0, "input_length": 8, "output_length": 2}])
     g = tmp_path / "g.yaml"
     g.write_text(GRID.format(name="g", load="{trace: t.jsonl}", reps=1, env=""))
     spec = grid.load(str(g))
     t.write_text(json.dumps({"timestamp": 0, "input_length": 9, "output_length": 2}) + "\n")
-    from types import SimpleNamespace as NS
-    ctx = NS(arm=spec.arms[0], threads=1)
-    res = get_engine("llama-server").trace_requests(ctx, serving_grid.load_of(spec, {}))
-    assert res.status == "failed" and "t.jsonl changed since the grid was read" in res.error
+    from harness.engines.server import loadsources
+    why = loadsources.of_load(None, serving_grid.load_of(spec, {}), None, "tiny-llama")
+    assert isinstance(why, str) and "t.jsonl: changed since the grid was read" in why, why
 
 
 def test_a_dataset_files_prompts_are_sent_tokenized_with_their_reply_lengths(tmp_path):
@@ -521,3 +520,63 @@ def test_a_malformed_dataset_is_one_line_naming_its_record(tmp_path, text, says)
     with pytest.raises(UserError) as e:
         grid.load(str(g))
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_client_only_install_benchmarks_a_real_server(tmp_path):
+    """`pip install .` into a fresh virtual environment: no torch, no vLLM; its `harness` benchmarks a real
+    llama-server (started here, by hand) through the openai engine, with model: none and the arm's tokenizer, and
+    refuses a vLLM arm at plan in one line naming the extra."""
+    from harness import models
+    from harness.engines.llamacpp import build as llamacpp_build
+    from harness.engines.server.worker import free_port, get_json
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for pkg in ("harness", "runtime"):
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    env = tmp_path / "client"
+    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+    py = env / "bin" / "python"
+    r = subprocess.run([str(py), "-m", "pip", "install", "--no-compile", "--quiet", str(src)], capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for heavy in ("torch", "vllm", "transformers"):
+        assert subprocess.run([str(py), "-c", f"import {heavy}"], capture_output=True).returncode != 0, heavy
+    with llamacpp_build.server():
+        exe = llamacpp_build.binary("llama-server")
+    port = free_port()
+    srv = subprocess.Popen([str(exe), "-m", str(models.form_path("tiny-llama", "gguf-f32")), "--host", "127.0.0.1",
+                            "--port", str(port), "-t", "1", "-c", "512", "-np", "1", "--no-ui"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if get_json(f"http://127.0.0.1:{port}/health", timeout=1)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        g = tmp_path / "client.yaml"
+        g.write_text(GRID.format(name="client", load="{concurrency: 1, requests: 3}", reps=1, env="")
+                     .replace("model: tiny-llama", "model: none").replace(
+                         "{name: llama-server, engine: llama-server, form: gguf-f32}",
+                         f"{{name: ext, engine: openai, options: {{url: 'http://127.0.0.1:{port}', served_model: tiny, "
+                         f"tokenizer: '{models.form_path('tiny-llama', 'hf-fp32')}'}}}}"))
+        run = subprocess.run([str(env / "bin" / "harness"), "run", str(g), "--store", str(tmp_path / "store")],
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    finally:
+        srv.kill()
+        srv.wait()
+    assert run.returncode == 0, run.stderr[-3000:]
+    (a,) = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("client")]
+    assert a["status"] == "ok", a.get("error")
+    (rep,) = a["serving"]["repetitions"]
+    assert len(rep["requests"]) == 3 and all(r["usage"]["prompt_tokens"] == 16 for r in rep["requests"])
+    v = tmp_path / "v.yaml"
+    v.write_text(GRID.format(name="v", load="{concurrency: 1, requests: 3}", reps=1, env="").replace(
+        "{name: llama-server, engine: llama-server, form: gguf-f32}", "{name: v, engine: vllm-server, form: hf-fp32}"))
+    plan = subprocess.run([str(env / "bin" / "harness"), "plan", str(v)], capture_output=True, text=True, cwd=tmp_path)
+    assert plan.returncode == 2 and "pip install 'edge-harness[engines]'" in plan.stderr, plan.stderr
+    assert len(plan.stderr.strip().splitlines()) == 1, plan.stderr

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from harness.engines.capabilities import Fidelity, Limits, Sizing, capability
-from harness.errors import UserError
+from harness.engines.capabilities import Fidelity, Limits, Packages, Sizing, capability, has
+from harness.errors import UserError, require_engines
 from harness.lifecycle import popen
 from harness.residency import PeakMemory
 
@@ -163,6 +163,9 @@ class Engine(ABC):
                 fix = f"{err['loc'][-1]!s} is not a field of {err['loc'][0]!s} (docs/harness.md, Engine options)"
             problem = "unknown option" if err["type"] == "extra_forbidden" else f"invalid value {err.get('input')!r}"
             raise UserError(path, f"arms[{arm.name}].options.{key}: {problem}", fix) from None
+        if has(type(self), Packages):  # a client-only install has none of them: one line naming the extra
+            require_engines(path, f"arms[{arm.name}].engine: {self.name}",
+                            capability(self, Packages).needed(opts))
         limits = capability(self, Limits)
         where, batches = workload.get("batch", ("workload.batch", {1}))
         big = max(batches)

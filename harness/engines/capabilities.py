@@ -224,7 +224,18 @@ class Speaks:
     chunking: ClassVar[tuple[str, ...]] = ("sentence",)
 
 
-CAPABILITIES = (Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks, Patches, Serves, Speaks)
+class Packages:
+    """Python packages the engine runs in this environment (the extra `engines`): a client-only install has none,
+    and an arm needing them is refused at plan in one line naming the extra."""
+
+    packages: ClassVar[tuple[str, ...]] = ()
+
+    def needed(self, opts: Any) -> tuple[str, ...]:
+        """The packages this arm needs here (an arm run in an environment of its own: none)."""
+        return self.packages
+
+
+CAPABILITIES = (Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks, Patches, Serves, Speaks, Packages)
 
 
 class _Absent:

@@ -12,7 +12,6 @@ from the per-request chunk stamps by harness/metrics.py (the serving definitions
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -25,12 +24,18 @@ from pydantic import Field
 from harness import metrics, models, serving
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_worker,
                                   setting)
-from harness.engines.capabilities import Fidelity, Limits, Patches, Serves
-from harness.engines.server import vllmbench
+from harness.engines.capabilities import Fidelity, Limits, Packages, Patches, Serves
+from harness.engines.server import loadsources, vllmbench
 from harness.errors import UserError
 from harness.workloads.serving import grid as serving_grid
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
+
+
+def _tokenizer_dir(grid_path: str, opts: Any) -> Path:
+    """An arm's `tokenizer` folder, relative to its grid file, absolute."""
+    d = Path(opts.tokenizer)
+    return (d if d.is_absolute() else Path(grid_path).parent / d).resolve()
 
 
 def _load(ctx: RunContext) -> serving.Load:
@@ -92,17 +97,18 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
         w, reps = ctx.spec.warmups, ctx.spec.repetitions
         # pool 0: the warm-up requests; pool i: repetition i's measured requests (harness/metrics.py's seeds)
         firsts = load.conversations if load.turns > 1 else load.requests  # conversations: their first turns
-        pools = metrics.request_prompts(ctx.model, p, max(firsts, w, 1), 1 + reps)
+        src = self.vocab_source(ctx, opts)  # the model, or an endpoint arm's own tokenizer file
+        pools = metrics.request_prompts(src, p, max(firsts, w, 1), 1 + reps)
         if load.shared_prefix:  # every prompt opens with the same tokens (warm-ups too: a hot system prompt)
-            pools = metrics.with_shared_prefix(ctx.model, pools, load.shared_prefix)
+            pools = metrics.with_shared_prefix(src, pools, load.shared_prefix)
         prompts = [pools[0][:w]] + [pool[:firsts] for pool in pools[1:]]
         # a conversation's later turns: user_len new tokens each, seeded apart from every first turn's
-        users = [metrics.user_turns(ctx.model, load.user_len, firsts, load.turns - 1, i) for i in range(reps)] \
+        users = [metrics.user_turns(src, load.user_len, firsts, load.turns - 1, i) for i in range(reps)] \
             if load.turns > 1 else None
-        trace = self.trace_requests(ctx, load) if load.trace is not None else \
-            self.dataset_requests(ctx, load) if load.dataset is not None else None
-        if isinstance(trace, EngineResult):
-            return trace
+        trace = loadsources.of_load(ctx, load, self.tokenizer(ctx), src)  # a trace's or a dataset's own requests
+        if isinstance(trace, str):
+            return failed("failed", trace, [], dict(ctx.arm.env), engine=self.engine_info_for(opts),
+                          requested={"threads": ctx.threads, "load": load.record()})
         if trace is not None:  # every repetition replays the trace: its prompts, lengths and schedule
             prompts = [prompts[0]] + [trace["prompts"]] * reps
         srv = self.server(ctx, form, opts)
@@ -200,48 +206,6 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
     def engine_info_for(self, opts: Any) -> dict[str, Any]:
         return self.engine_info()
 
-    def dataset_requests(self, ctx: RunContext, load: serving.Load) -> dict[str, Any] | EngineResult:
-        """A dataset's first `requests` usable records: prompts (the model's tokenizer) and output lengths; a failed
-        run where the file changed since the plan, or has too few usable records for the cell's caps."""
-        from harness.workloads.serving import datasets
-        tok_dir = self.tokenizer(ctx)
-        try:
-            recs, sha = datasets.read(load.dataset_path or "")
-            if sha != load.dataset_sha256:
-                raise UserError(str(load.dataset), f"changed since the grid was read (sha256 {sha[:12]}, was "
-                                f"{str(load.dataset_sha256)[:12]})", "plan the grid again")
-            if tok_dir is None:
-                raise UserError(f"model {ctx.model}", "has no tokenizer here to read a dataset's text with",
-                                "use a model with an hf-* form")
-            prompts, outs, used = datasets.requests(recs, serving.tokenizer_of(tok_dir), load.requests,
-                                                    int(ctx.params["prompt_len"]), int(ctx.params["gen_len"]),
-                                                    int(ctx.params["gen_len"]))
-        except UserError as e:
-            return failed("failed", str(e), [], dict(ctx.arm.env), engine=self.engine_info_for(self.options(ctx.arm)),
-                          requested={"threads": ctx.threads, "load": load.record()})
-        tok_sha = hashlib.sha256((Path(tok_dir) / "tokenizer.json").read_bytes()).hexdigest()
-        return {"prompts": prompts, "gen_lens": outs,
-                "dataset": {**used, "tokenizer_sha256": tok_sha, "prompt_tokens": [len(p) for p in prompts]}}
-
-    def trace_requests(self, ctx: RunContext, load: serving.Load) -> dict[str, Any] | EngineResult:
-        """A trace's first `requests` requests: prompts, output lengths and send times; a failed run where the file
-        changed since the grid was planned."""
-        from harness.workloads.serving import traces
-        try:
-            reqs, sha = traces.read(load.trace_path or "")
-        except UserError as e:
-            sha, why = None, str(e)
-        else:
-            why = None if sha == load.trace_sha256 else f"{load.trace} changed since the grid was read (sha256 " \
-                f"{sha[:12]}, was {str(load.trace_sha256)[:12]})"
-        if why is not None:
-            return failed("failed", why, [], dict(ctx.arm.env), engine=self.engine_info_for(self.options(ctx.arm)),
-                          requested={"threads": ctx.threads, "load": load.record()})
-        cut = reqs[:load.requests]
-        vocab, special = metrics.vocabulary(ctx.model)
-        return {"prompts": traces.prompts(cut, load.block_len, vocab, set(special)),
-                "gen_lens": [r.output_len for r in cut], "schedule": [r.t_s * load.time_scale for r in cut]}
-
     def prefix_cache_setting(self, opts: Any, effective: dict[str, Any], cache: dict[str, Any]) -> dict | None:
         """The prefix cache as asked and as in effect: what the server reports of its setting where it does, else
         whether it reported cached tokens where a hit was possible (a shared prefix); None: nothing to observe."""
@@ -273,8 +237,18 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
         eng = super().fidelity_block(options)
         return {**eng, "build": {**eng["build"], "fidelity_api": FIDELITY_API[self.name]}}
 
+    def vocab_source(self, ctx: RunContext, opts: Any) -> str:
+        """Where the prompts' token ids come from: the grid's model (its vocabulary), or an arm's own tokenizer
+        file (`tokenizer`: an endpoint's, where no model is prepared here)."""
+        tok = getattr(opts, "tokenizer", None)
+        return str(_tokenizer_dir(ctx.spec.path, opts) / "tokenizer.json") if tok else ctx.model
+
     def tokenizer(self, ctx: RunContext) -> str | None:
-        """The model's Hugging Face directory, for a client that counts tokens itself (vllm bench serve)."""
+        """The model's Hugging Face directory (or the arm's `tokenizer` folder), for a client that counts tokens
+        itself (vllm bench serve) or reads text (conversations, datasets)."""
+        opts = self.options(ctx.arm)
+        if getattr(opts, "tokenizer", None):
+            return str(_tokenizer_dir(ctx.spec.path, opts))
         try:
             forms = models.load_manifest(ctx.model)["forms"]
         except UserError:  # an external endpoint's model need not be prepared here
@@ -422,13 +396,14 @@ def _field(line: str | None, name: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
-class VllmServer(ServerEngine, Patches):
+class VllmServer(ServerEngine, Patches, Packages):
     """`vllm.entrypoints.openai.api_server` on the run's CPUs, the edge-harness runtime loaded in each of its
     processes (the plugin, `patches` as for the vllm engine); its settings read back from its log (the engine's
     config line, the CPU worker's OpenMP binding) and GET /v1/models, what the runtime did from the plugin's own
     record of each process."""
 
     name = "vllm-server"
+    packages = ("vllm", "torch")
     read_back_keys = {**Limits.read_back_keys, "dtype": ("dtype",), "context_len": ("max_model_len",)}
     default_form = "hf-fp32"
     form_prefix = "hf-"
@@ -557,6 +532,9 @@ class OpenAiOptions(ServerOptions):
     url: str = Field(pattern=r"^https?://[^\s]+$", description="base URL, e.g. http://127.0.0.1:8000")
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     served_model: str | None = None  # the `model` field requests carry (default: the grid's model name)
+    # a folder holding the served model's tokenizer.json (relative to the grid file): the prompts' ids drawn from its
+    # vocabulary, and text read with it, where the grid's model is not prepared here (model: none)
+    tokenizer: str | None = None
 
 
 class OpenAi(ServerEngine):
@@ -588,6 +566,9 @@ class OpenAi(ServerEngine):
         if u.scheme not in ("http", "https") or not u.hostname:
             raise UserError(path, f"arms[{arm.name}].options.url: {opts.url!r} is no http(s) URL",
                             "give the server's base URL, e.g. http://127.0.0.1:8000")
+        if opts.tokenizer is not None and not (_tokenizer_dir(path, opts) / "tokenizer.json").is_file():
+            raise UserError(path, f"arms[{arm.name}].options.tokenizer: no tokenizer.json in {opts.tokenizer}",
+                            "give the folder of the served model's tokenizer.json (relative to the grid file)")
 
     def prepare_arm(self, spec: Any, arm: Any) -> None:
         """An unreachable endpoint is one line at start, before anything is measured."""

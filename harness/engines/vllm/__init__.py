@@ -22,7 +22,7 @@ from pydantic import Field
 
 from harness import metrics, models
 from harness.engines.base import Engine, EngineResult, Options, RunContext, affinity_prefix, run_worker, setting
-from harness.engines.capabilities import TORCH_CAPS, Fidelity, IsaCap, Limits, Patches, Sizing, StepParts
+from harness.engines.capabilities import TORCH_CAPS, Fidelity, IsaCap, Limits, Packages, Patches, Sizing, StepParts
 from harness.engines.vllm.releases import VllmBuild, probe_python, python_of
 from harness.engines.vllm.kernels import FOUR_BIT_DTYPES, FOUR_BIT_OPS, KERNELS, kernel_library, library_has_op
 from harness.errors import UserError
@@ -181,8 +181,9 @@ def choose_core_and_eager(engine_core: str, eager: Any, tokens: int, costs: dict
                       "estimated_s": {f"{k[0]}/{'eager' if k[1] else 'compiled'}": round(t, 2) for k, t in total.items()}}
 
 
-class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
+class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches, Packages):
     name = "vllm"
+    packages = ("vllm", "torch")
     weight_files = {"safetensors": (".safetensors",)}  # beside config, tokenizer and generation files
     read_back_keys = {**Limits.read_back_keys, "threads": ("threads", "torch_threads"), "dtype": ("dtype",),
                       "context_len": ("max_model_len",), "kv_cache_memory_bytes": ("kv_cache_memory_bytes",),
@@ -209,6 +210,10 @@ class Vllm(Engine, Limits, Fidelity, Sizing, IsaCap, StepParts, Patches):
     env_prefixes = ("VLLM_", "TORCH", "ATEN_", "ONEDNN_")
     default_overhead = DEFAULT_OVERHEAD
 
+
+    def needed(self, opts: Any) -> tuple[str, ...]:
+        """An arm with its own environment (python, build) runs vLLM there: nothing needed here."""
+        return () if opts.python is not None or opts.build is not None else self.packages
     def validate_patches(self, path: str, where: str, patches: Any) -> None:
         try:
             patches_env(patches)
