@@ -85,7 +85,8 @@ def _shape_file(name: str) -> dict[str, int]:
     return {k: cfg[k] for k in usermodels.SHAPE_KEYS}
 
 
-SYNTHETIC_SHAPES: dict[str, dict] = {f"{n}-synthetic": _shape_file(n) for n in ("smollm2-360m", "smollm2-1.7b")}
+SYNTHETIC_SHAPES: dict[str, dict] = {f"{n}-synthetic": _shape_file(n) for n in ("smollm2-360m", "smollm2-1.7b")
+                                     if (PROJECT_ROOT / "grids" / "shapes" / f"{n}.json").is_file()}  # a checkout's
 SYNTHETIC_FORMS = ("hf-fp32", "hf-bf16", "gguf-f32", "gguf-bf16", "gguf-q8_0", "gguf-q4_0")
 SYNTHETIC_BUILDER = 2  # bump when build_synthetic's output changes (2: the bf16 check no longer rounds the fp32 weights)
 SYNTHETIC_STD = 0.02  # every weight matrix ~ N(0, 0.02); norms at 1: activations stay finite (checked at build)

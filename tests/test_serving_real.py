@@ -537,12 +537,13 @@ def test_a_client_only_install_benchmarks_a_real_server(tmp_path):
         shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     env = tmp_path / "client"
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # nothing of this checkout
     py = env / "bin" / "python"
     r = subprocess.run([str(py), "-m", "pip", "install", "--no-compile", "--quiet", str(src)], capture_output=True,
-                       text=True, timeout=900)
+                       text=True, timeout=900, env=clean)
     assert r.returncode == 0, r.stderr[-3000:]
     for heavy in ("torch", "vllm", "transformers"):
-        assert subprocess.run([str(py), "-c", f"import {heavy}"], capture_output=True).returncode != 0, heavy
+        assert subprocess.run([str(py), "-c", f"import {heavy}"], capture_output=True, env=clean).returncode != 0, heavy
     with llamacpp_build.server():
         exe = llamacpp_build.binary("llama-server")
     port = free_port()
@@ -565,7 +566,7 @@ def test_a_client_only_install_benchmarks_a_real_server(tmp_path):
                          f"{{name: ext, engine: openai, options: {{url: 'http://127.0.0.1:{port}', served_model: tiny, "
                          f"tokenizer: '{models.form_path('tiny-llama', 'hf-fp32')}'}}}}"))
         run = subprocess.run([str(env / "bin" / "harness"), "run", str(g), "--store", str(tmp_path / "store")],
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path, env=clean)
     finally:
         srv.kill()
         srv.wait()
@@ -577,6 +578,7 @@ def test_a_client_only_install_benchmarks_a_real_server(tmp_path):
     v = tmp_path / "v.yaml"
     v.write_text(GRID.format(name="v", load="{concurrency: 1, requests: 3}", reps=1, env="").replace(
         "{name: llama-server, engine: llama-server, form: gguf-f32}", "{name: v, engine: vllm-server, form: hf-fp32}"))
-    plan = subprocess.run([str(env / "bin" / "harness"), "plan", str(v)], capture_output=True, text=True, cwd=tmp_path)
+    plan = subprocess.run([str(env / "bin" / "harness"), "plan", str(v)], capture_output=True, text=True, cwd=tmp_path,
+                          env=clean)
     assert plan.returncode == 2 and "pip install 'edge-harness[engines]'" in plan.stderr, plan.stderr
     assert len(plan.stderr.strip().splitlines()) == 1, plan.stderr
