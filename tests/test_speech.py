@@ -422,3 +422,16 @@ def test_the_speech_client_reads_an_untrusted_endpoint_safely():
     assert "X-Sample-Rate 'fast' is not a rate" in out["bad"]["error"]
     e = out["err"]["error"]
     assert e.startswith("HTTP 503: busy x") and "\n" not in e and len(e) <= 300 and out["err"]["end_s"] >= 0
+
+
+@pytest.mark.parametrize("extra, field", [
+    ("shared_prefix: 4", "workload.load.shared_prefix"),
+    ("dataset: chats.json", "workload.load.dataset"),
+])
+def test_a_served_speech_grid_refuses_token_loads(write_grid, cli, tmp_path, extra, field):
+    (tmp_path / "chats.json").write_text('[{"prompt": "hi"}]')
+    g = write_grid(SERVED.format(name="sptok", engine="piper").replace(
+        "load: {requests: 3, concurrency: 2}}", f"load: {{requests: 3, concurrency: 2, {extra}}}}}"))
+    (g.parent / "chats.json").write_text('[{"prompt": "hi"}]')
+    rc, out, err = cli("plan", g)
+    assert rc == 2 and field in err and len(err.strip().splitlines()) == 1, err

@@ -56,9 +56,11 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
 
     def refuse_load(self, path: str, arm: Any, load: dict[str, Any]) -> None:
         """vllm bench serve (the cross-check's client, options.client) sends poisson or gamma arrivals only."""
-        if arm.options.get("client") == "vllm-bench" and "turns" in load:
-            raise UserError(path, f"workload.load.conversations: vllm bench serve sends no conversations (arm "
-                                  f"{arm.name!r}'s options.client)", "use client: harness")
+        for fld, what in (("turns", "conversations"), ("trace", "trace"), ("dataset", "dataset")):
+            if arm.options.get("client") == "vllm-bench" and fld in load:
+                raise UserError(path, f"workload.load.{what}: vllm bench serve sends the harness's prompts at one "
+                                      f"length, not a {what}'s (arm {arm.name!r}'s options.client)",
+                                "use client: harness")
         if arm.options.get("client") == "vllm-bench" and load["arrival"] == "constant":
             raise UserError(path, f"workload.load.arrival: constant arrivals cannot be sent by vllm bench serve "
                                   f"(arm {arm.name!r}'s options.client)",

@@ -76,8 +76,11 @@ class Speech(WorkloadKind):
         if speech and (spec.kinds.get("serving") or {}).get("slo") is not None:  # the serving kind's field
             raise err(spec.path, "workload.slo", "bounds token latencies; served speech's goodput is its stall-free "
                       "streams (stall_free_streams_s)", "drop workload.slo (docs/speech.md)")
-        if speech and ((spec.kinds.get("serving") or {}).get("load") or {}).get("shared_prefix") is not None:
-            raise err(spec.path, "workload.load.shared_prefix", "shares prompt tokens; a speech request is a text",
+        load = (spec.kinds.get("serving") or {}).get("load") or {}
+        token_load = [name for key, name in (("shared_prefix", "shared_prefix"), ("turns", "conversations"),
+                                             ("trace", "trace"), ("dataset", "dataset")) if key in load]
+        if speech and token_load:
+            raise err(spec.path, f"workload.load.{token_load[0]}", "shapes token prompts; a speech request is a text",
                       "drop it (docs/speech.md)")
         if speech:
             needs = any(engine_class(a.engine).needs_model for a in spec.arms)
