@@ -324,7 +324,7 @@ def vocabulary(model: str) -> tuple[int, frozenset[int]]:
     if model.startswith("/"):
         from tokenizers import Tokenizer
         tok = json.loads(Path(model).read_text())
-        vocab = Tokenizer.from_str(json.dumps(tok)).get_vocab_size(with_added_tokens=True)
+        vocab = Tokenizer.from_file(model).get_vocab_size(with_added_tokens=True)
         return vocab, frozenset(int(t["id"]) for t in tok.get("added_tokens", []) if t.get("special"))
     from harness import models
     d = models.form_path(model, "hf-fp32")

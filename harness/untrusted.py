@@ -87,6 +87,25 @@ def read_json(path: Path, where: str, fix: str, max_bytes: int = MAX_JSON_BYTES,
     return doc
 
 
+def read_text(path: Path, where: str, fix: str, max_bytes: int) -> tuple[str, str]:
+    """A text file, bounded: a regular file of at most max_bytes, valid UTF-8; (its text, its bytes' sha256)."""
+    import hashlib
+    st = regular_file(path, where, fix)
+    if st.st_size > max_bytes:
+        raise UserError(where, f"{path}: {st.st_size:,} bytes, more than {max_bytes:,}", fix)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as e:
+        raise UserError(where, f"{path}: {e.strerror or type(e).__name__}", fix) from None
+    if len(raw) > max_bytes:  # grew since the stat
+        raise UserError(where, f"{path}: more than {max_bytes:,} bytes", fix)
+    try:
+        return raw.decode("utf-8"), hashlib.sha256(raw).hexdigest()
+    except UnicodeDecodeError:
+        raise UserError(where, f"{path}: not UTF-8 text", fix) from None
+
+
 def write_file(path: Path, data: bytes, where: str, fix: str = "") -> None:
     """Write `path` whole (harness.paths.replace_file: never half a file, a link in its place replaced); an OS
     error (read-only, full, missing folder, name too long) is one line naming the file."""

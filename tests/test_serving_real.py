@@ -5,6 +5,7 @@ harness does not start is recorded as external, and an unreachable one is refuse
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -300,7 +301,10 @@ def _cmdline_has(p: Path, text: str) -> bool:
         return False
 
 
-def test_an_endpoint_the_harness_does_not_start_is_recorded_as_external(tmp_path):
+@contextlib.contextmanager
+def _llama_server_by_hand(tmp_path, slots):
+    """A llama-server on tiny-llama started here, not by the harness (an endpoint it does not start): its port,
+    once it answers /health (a bounded wait); killed after."""
     from harness import models
     from harness.engines.llamacpp import build as llamacpp_build
     from harness.engines.server.worker import free_port, get_json
@@ -309,26 +313,32 @@ def test_an_endpoint_the_harness_does_not_start_is_recorded_as_external(tmp_path
     port = free_port()
     log = open(tmp_path / "server.log", "wb")
     srv = subprocess.Popen([str(exe), "-m", str(models.form_path("tiny-llama", "gguf-f32")), "--host", "127.0.0.1",
-                            "--port", str(port), "-t", "1", "-c", "512", "-np", "2", "--no-ui"], stdout=log,
+                            "--port", str(port), "-t", "1", "-c", "512", "-np", str(slots), "--no-ui"], stdout=log,
                            stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 60
-        while time.time() < deadline:  # bounded wait for the server we started to load its model
+        while time.time() < deadline:
             try:
                 if get_json(f"http://127.0.0.1:{port}/health", timeout=1)[0] == 200:
                     break
             except OSError:
                 pass
             time.sleep(0.1)
+        yield port
+    finally:
+        srv.kill()
+        srv.wait()
+        log.close()
+
+
+def test_an_endpoint_the_harness_does_not_start_is_recorded_as_external(tmp_path):
+    with _llama_server_by_hand(tmp_path, 2) as port:
         g = tmp_path / "ext.yaml"
         g.write_text(GRID.format(name="ext", load="{concurrency: 2, requests: 4}", reps=1, env="").replace(
             "{name: llama-server, engine: llama-server, form: gguf-f32}",
             f"{{name: ext, engine: openai, options: {{url: 'http://127.0.0.1:{port}'}}}}"))
         execute.run_grid(str(g), store_root=tmp_path / "store")
         (a,) = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("ext")]
-    finally:
-        srv.kill()
-        srv.wait()
     assert a["status"] == "ok", a.get("error")
     assert a["engine"]["build_commit"] == "external: build not verified"
     assert a["engine"]["build"]["url"] == f"http://127.0.0.1:{port}"
@@ -527,8 +537,6 @@ def test_a_client_only_install_benchmarks_a_real_server(tmp_path):
     llama-server (started here, by hand) through the openai engine, with model: none and the arm's tokenizer, and
     refuses a vLLM arm at plan in one line naming the extra."""
     from harness import models
-    from harness.engines.llamacpp import build as llamacpp_build
-    from harness.engines.server.worker import free_port, get_json
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -544,21 +552,7 @@ def test_a_client_only_install_benchmarks_a_real_server(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     for heavy in ("torch", "vllm", "transformers"):
         assert subprocess.run([str(py), "-c", f"import {heavy}"], capture_output=True, env=clean).returncode != 0, heavy
-    with llamacpp_build.server():
-        exe = llamacpp_build.binary("llama-server")
-    port = free_port()
-    srv = subprocess.Popen([str(exe), "-m", str(models.form_path("tiny-llama", "gguf-f32")), "--host", "127.0.0.1",
-                            "--port", str(port), "-t", "1", "-c", "512", "-np", "1", "--no-ui"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                if get_json(f"http://127.0.0.1:{port}/health", timeout=1)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+    with _llama_server_by_hand(tmp_path, 1) as port:
         g = tmp_path / "client.yaml"
         g.write_text(GRID.format(name="client", load="{concurrency: 1, requests: 3}", reps=1, env="")
                      .replace("model: tiny-llama", "model: none").replace(
@@ -567,9 +561,6 @@ def test_a_client_only_install_benchmarks_a_real_server(tmp_path):
                          f"tokenizer: '{models.form_path('tiny-llama', 'hf-fp32')}'}}}}"))
         run = subprocess.run([str(env / "bin" / "harness"), "run", str(g), "--store", str(tmp_path / "store")],
                              capture_output=True, text=True, timeout=300, cwd=tmp_path, env=clean)
-    finally:
-        srv.kill()
-        srv.wait()
     assert run.returncode == 0, run.stderr[-3000:]
     (a,) = [json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths("client")]
     assert a["status"] == "ok", a.get("error")
@@ -582,3 +573,16 @@ def test_a_client_only_install_benchmarks_a_real_server(tmp_path):
                           env=clean)
     assert plan.returncode == 2 and "pip install 'edge-harness[engines]'" in plan.stderr, plan.stderr
     assert len(plan.stderr.strip().splitlines()) == 1, plan.stderr
+
+
+def test_a_trace_or_dataset_that_is_no_regular_file_is_one_line(tmp_path):
+    """A FIFO named as a trace or a dataset would hang a plain read: refused in one line instead."""
+    from harness import grid
+    from harness.errors import UserError
+    os.mkfifo(tmp_path / "t.jsonl")
+    for load in ("{trace: t.jsonl}", "{concurrency: 1, requests: 2, dataset: t.jsonl}"):
+        g = tmp_path / "g.yaml"
+        g.write_text(GRID.format(name="g", load=load, reps=1, env=""))
+        with pytest.raises(UserError) as e:
+            grid.load(str(g))
+        assert "is a FIFO, not a regular file" in str(e.value) and "\n" not in str(e.value), str(e.value)

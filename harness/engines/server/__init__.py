@@ -107,7 +107,8 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
         # a conversation's later turns: user_len new tokens each, seeded apart from every first turn's
         users = [metrics.user_turns(src, load.user_len, firsts, load.turns - 1, i) for i in range(reps)] \
             if load.turns > 1 else None
-        trace = loadsources.of_load(ctx, load, self.tokenizer(ctx), src)  # a trace's or a dataset's own requests
+        tok_dir = self.tokenizer(ctx)
+        trace = loadsources.of_load(ctx, load, tok_dir, src)  # a trace's or a dataset's own requests
         if isinstance(trace, str):
             return failed("failed", trace, [], dict(ctx.arm.env), engine=self.engine_info_for(opts),
                           requested={"threads": ctx.threads, "load": load.record()})
@@ -125,7 +126,7 @@ class ServerEngine(Engine, Limits, Fidelity, Serves):
                                        if trace else {})}
                                    for i in range(reps)],
                    "api_key_env": getattr(opts, "api_key_env", None),
-                   "client": opts.client, "tokenizer": self.tokenizer(ctx)}
+                   "client": opts.client, "tokenizer": tok_dir}
         if srv is not None:
             request["server"] = {"cmd": srv["cmd"], "env": srv["env"], "log": str(log)}
         else:

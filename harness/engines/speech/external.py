@@ -97,6 +97,7 @@ class OpenAiSpeech(Engine, Limits, Speaks, Serves):
 
     def run(self, ctx: RunContext, form: str) -> EngineResult:
         from harness.engines.server.worker import get_json
+        from harness.engines.speech.served import outcome
         from harness.serving import arrivals
         from harness.workloads.serving import grid as serving_grid
         from harness.workloads.speech import client, playback, texts
@@ -126,20 +127,10 @@ class OpenAiSpeech(Engine, Limits, Speaks, Serves):
                          sample_rate=opts.sample_rate, headers={"Authorization": f"Bearer {key}"} if key else {})
         reps_out = client.run(base + SPEECH_PATH, warm, [rest[i * n:(i + 1) * n] for i in range(reps)],
                               load.concurrency if load.rate is None else None, arrivals(load), ctx.timeout_s, ask)
-        recs = [r for rep in reps_out for r in rep["requests"]]
-        errors = [r for r in recs if r["error"]]
-        limit = serving_grid.errors_allowed(ctx.spec)
-        state, error = ("failed", f"{len(errors)} of {len(recs)} requests failed: {errors[0]['error']}") \
-            if len(errors) > limit * len(recs) else ("ok", None)
-        most = min(rep["most_in_flight"] for rep in reps_out)
+        recs, errors, state, error, sent = outcome(ctx, load, reps_out)
         settings = {"threads": setting(ctx.threads, None, "an external server: not readable"),
                     "cpus": setting(ctx.cpus, None, "an external server: not readable"),
-                    "warmups": setting(w, len(reps_out[0]["warmup_requests"]) if reps_out else 0,
-                                       "warm-up requests sent"),
-                    "dtype": setting(None, None, "an external server: not readable")}
-        if load.concurrency is not None and load.rate is None:
-            settings["load.concurrency"] = setting(load.concurrency, most, "most requests in flight at once, counted "
-                                                   "by the client; fewest over repetitions")
+                    "dtype": setting(None, None, "an external server: not readable"), **sent}
         rates = sorted({r["sample_rate"] for r in recs if r.get("sample_rate")})
         effective = {"reported": reported, "external": "build not verified", "load": load.record(),
                      "requests_failed": len(errors), "texts": [r["id"] for r in recs], "sample_rates": rates,

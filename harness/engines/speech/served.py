@@ -34,6 +34,23 @@ def _health(url: str) -> dict | None:
         return None
 
 
+def outcome(ctx: RunContext, load: Any, reps_out: list[dict]) -> tuple[list, list, str, str | None, dict]:
+    """A served speech run's requests, its failed ones, its status and error (more failed than the grid allows:
+    failed), and the settings the client read back of what it sent (warm-ups, the concurrency it reached)."""
+    from harness.workloads.serving import grid as serving_grid
+    recs = [r for rep in reps_out for r in rep["requests"]]
+    errors = [r for r in recs if r["error"]]
+    status, error = ("failed", f"{len(errors)} of {len(recs)} requests failed: {errors[0]['error']}") \
+        if len(errors) > serving_grid.errors_allowed(ctx.spec) * len(recs) else ("ok", None)
+    sent = {"warmups": setting(ctx.spec.warmups, len(reps_out[0]["warmup_requests"]) if reps_out else 0,
+                               "warm-up requests sent")}
+    if load.concurrency is not None and load.rate is None:
+        sent["load.concurrency"] = setting(load.concurrency, min(rep["most_in_flight"] for rep in reps_out),
+                                           "most requests in flight at once, counted by the client; fewest over "
+                                           "repetitions")
+    return recs, errors, status, error, sent
+
+
 def run_served(engine: Any, ctx: RunContext, form: str) -> EngineResult:
     from harness import voices
     from harness.lifecycle import popen
@@ -83,21 +100,13 @@ def run_served(engine: Any, ctx: RunContext, form: str) -> EngineResult:
     finally:
         proc.release()
         proc.wait()
-    recs = [r for rep in reps_out for r in rep["requests"]]
-    errors = [r for r in recs if r["error"]]
-    limit = serving_grid.errors_allowed(ctx.spec)
-    status, error = ("failed", f"{len(errors)} of {len(recs)} requests failed: {errors[0]['error']}") \
-        if len(errors) > limit * len(recs) else ("ok", None)
-    most = min(rep["most_in_flight"] for rep in reps_out)
+    recs, errors, status, error, sent = outcome(ctx, load, reps_out)
     settings = {"threads": setting(ctx.threads, ready.get("intra_op_num_threads", ready.get("num_threads")),
                                    f"the server's {engine.THREADS_KEY}, from its /health"),
                 "cpus": setting(ctx.cpus, ready.get("cpu_affinity"), "sched_getaffinity in the server, from /health"),
                 "workers": setting(workers, ready.get("workers"), "the server's speaking threads, from its /health"),
-                "warmups": setting(w, len(reps_out[0]["warmup_requests"]) if reps_out else 0, "warm-up requests sent"),
-                "dtype": setting(voices.FORM_DTYPES[form], None, "the form's types (not readable from the engine)")}
-    if load.concurrency is not None and load.rate is None:
-        settings["load.concurrency"] = setting(load.concurrency, most, "most requests in flight at once, counted by "
-                                               "the client; fewest over repetitions")
+                "dtype": setting(voices.FORM_DTYPES[form], None, "the form's types (not readable from the engine)"),
+                **sent}
     effective = {"threads": ready.get("intra_op_num_threads", ready.get("num_threads")), **ready,
                  "cpu_affinity": ready.get("cpu_affinity"), "load": load.record(), "requests_failed": len(errors),
                  "ready_s": startup, "texts": [r["id"] for r in recs], "client": "harness/workloads/speech/client.py "

@@ -11,7 +11,6 @@ fails the run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -56,17 +55,9 @@ def _turns(where: str, rec: Any) -> tuple[str, str | None]:
 
 def read(path: str | Path) -> tuple[list[tuple[str, str | None]], str]:
     """The records' (prompt, reply) in file order, and the file's sha256; one line where it is malformed."""
+    from harness.untrusted import read_text
     p = Path(path)
-    try:
-        if p.stat().st_size > MAX_BYTES:
-            raise UserError(str(p), f"more than {MAX_BYTES >> 20} MiB", "a smaller dataset")
-        data = p.read_bytes()
-    except OSError as e:
-        raise UserError(str(p), f"unreadable dataset ({e.strerror or e})", "give an existing JSON or JSONL file") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UserError(str(p), "not UTF-8 text", FIX) from None
+    text, sha = read_text(p, str(p), FIX, MAX_BYTES)
     if text.lstrip().startswith("["):
         try:
             recs = json.loads(text)
@@ -87,7 +78,7 @@ def read(path: str | Path) -> tuple[list[tuple[str, str | None]], str]:
     out = [_turns(w, r) for w, r in zip(where, recs)]
     if not any(prompt for prompt, _ in out):
         raise UserError(str(p), "no record has a prompt", FIX)
-    return out, hashlib.sha256(data).hexdigest()
+    return out, sha
 
 
 def requests(records: list[tuple[str, str | None]], tokenize: Any, n: int, prompt_cap: int, gen_cap: int,

@@ -110,22 +110,25 @@ def parse_load(path: str, raw: Any, axes: dict[str, list]) -> tuple[dict[str, An
     return out, cells
 
 
+def _user_file(path: str, fld: str, f: Any, example: str) -> tuple[str, Any]:
+    """A load field naming the user's file: (as written, its path resolved against the grid file's folder)."""
+    from pathlib import Path
+    if not isinstance(f, str) or not f.strip():
+        raise err(path, f"workload.load.{fld}", f"must be a file's path, got {short(f)}", f"{fld}: {example}")
+    return f, (Path(path).parent / f).resolve()
+
+
 def parse_trace(path: str, raw: dict, axes: dict[str, list]) -> tuple[dict[str, Any], dict[str, Any]]:
     """trace: FILE (JSONL, relative to the grid file), block_len (default 512, Mooncake's), time_scale (default 1:
     each timestamp x it), requests (default: all its lines; the first N), concurrency (optional: at most that
     many in flight). Read here: its sha256 recorded, a malformed line refused before anything runs."""
-    from pathlib import Path
-
     from harness.workloads.serving.traces import read as read_trace
     clash = [f"workload.load.{k}" for k in ("rate", "arrival", "seed", "points", "burstiness", "conversations",
                                             "shared_prefix")
              if k in raw] + [f"axes.{k}" for k in LOAD_AXES if k in axes]
     if clash:
         raise err(path, clash[0], "a trace sends its own requests on its own schedule", "drop it")
-    f = raw["trace"]
-    if not isinstance(f, str) or not f.strip():
-        raise err(path, "workload.load.trace", f"must be a file's path, got {short(f)}", "trace: traces/mine.jsonl")
-    full = (Path(path).parent / f).resolve()
+    f, full = _user_file(path, "trace", raw["trace"], "traces/mine.jsonl")
     reqs, sha = read_trace(full)
     n = integer(path, "workload.load.requests", raw.get("requests", len(reqs)), hi=len(reqs))
     block = integer(path, "workload.load.block_len", raw.get("block_len", 512), hi=1 << 16)
@@ -147,16 +150,11 @@ def parse_trace(path: str, raw: dict, axes: dict[str, list]) -> tuple[dict[str, 
 def parse_dataset(path: str, raw: dict) -> dict[str, Any]:
     """dataset: FILE (ShareGPT-style JSON or JSONL, relative to the grid file), read and checked here; its
     records' prompts are tokenized at run time with the model's tokenizer (harness/workloads/serving/datasets.py)."""
-    from pathlib import Path
-
     from harness.workloads.serving.datasets import read as read_dataset
     clash = [f"workload.load.{k}" for k in ("conversations", "shared_prefix") if k in raw]
     if clash:
         raise err(path, clash[0], "a dataset's requests are its records' prompts", "drop it")
-    f = raw["dataset"]
-    if not isinstance(f, str) or not f.strip():
-        raise err(path, "workload.load.dataset", f"must be a file's path, got {short(f)}", "dataset: data/chats.json")
-    full = (Path(path).parent / f).resolve()
+    f, full = _user_file(path, "dataset", raw["dataset"], "data/chats.json")
     recs, sha = read_dataset(full)
     return {"dataset": f, "dataset_path": str(full), "dataset_sha256": sha, "dataset_records": len(recs)}
 

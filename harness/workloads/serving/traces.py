@@ -12,7 +12,6 @@ request opening with one of a few shared prefixes): the tests' and the published
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -49,18 +48,9 @@ def _int(where: str, fld: str, v: object, lo: int, hi: int) -> int:
 
 def read(path: str | Path) -> tuple[list[TraceRequest], str]:
     """The trace's requests, oldest first, and its file's sha256; refused in one line where it is malformed."""
+    from harness.untrusted import read_text
     p = Path(path)
-    try:
-        if p.stat().st_size > MAX_BYTES:
-            raise UserError(str(p), f"more than {MAX_BYTES >> 20} MiB", "a trace of at most "
-                            f"{MAX_LINES:,} requests")
-        data = p.read_bytes()
-    except OSError as e:
-        raise UserError(str(p), f"unreadable trace ({e.strerror or e})", "give an existing JSONL file") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UserError(str(p), "not UTF-8 text", FIX) from None
+    text, sha = read_text(p, str(p), FIX, MAX_BYTES)
     out: list[TraceRequest] = []
     t0, last = None, -math.inf
     for n, raw in enumerate(text.splitlines(), 1):
@@ -95,7 +85,7 @@ def read(path: str | Path) -> tuple[list[TraceRequest], str]:
                                 blocks=ids))
     if not out:
         raise UserError(str(p), "no requests", FIX)
-    return out, hashlib.sha256(data).hexdigest()
+    return out, sha
 
 
 def prompts(reqs: list[TraceRequest], block_len: int, vocab: int, special: set[int]) -> list[list[int]]:
