@@ -63,18 +63,23 @@ def folder(path: Path, where: str, fix: str) -> list[Path]:
     return sorted(files)
 
 
-def read_json(path: Path, where: str, fix: str, max_bytes: int = MAX_JSON_BYTES, want: type | None = dict) -> Any:
-    """A JSON file, bounded: a regular file of at most max_bytes, valid UTF-8 JSON nesting at most MAX_DEPTH
-    levels (store.too_deep, on the bytes, before parsing), of type `want` (None: any)."""
+def _read_bounded(path: Path, where: str, fix: str, max_bytes: int) -> bytes:
+    """A regular file's bytes, at most max_bytes + 1 of them (refused beforehand where its size is over)."""
     st = regular_file(path, where, fix)
     if st.st_size > max_bytes:
         raise UserError(where, f"{path}: {st.st_size:,} bytes, more than {max_bytes:,}", fix)
-    from harness.store import too_deep
     try:
         with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
+            return f.read(max_bytes + 1)
     except OSError as e:
         raise UserError(where, f"{path}: {e.strerror or type(e).__name__}", fix) from None
+
+
+def read_json(path: Path, where: str, fix: str, max_bytes: int = MAX_JSON_BYTES, want: type | None = dict) -> Any:
+    """A JSON file, bounded: a regular file of at most max_bytes, valid UTF-8 JSON nesting at most MAX_DEPTH
+    levels (store.too_deep, on the bytes, before parsing), of type `want` (None: any)."""
+    from harness.store import too_deep
+    raw = _read_bounded(path, where, fix, max_bytes)
     if too_deep(raw, MAX_DEPTH):
         raise UserError(where, f"{path}: nests deeper than {MAX_DEPTH} levels", fix)
     try:
@@ -90,14 +95,7 @@ def read_json(path: Path, where: str, fix: str, max_bytes: int = MAX_JSON_BYTES,
 def read_text(path: Path, where: str, fix: str, max_bytes: int) -> tuple[str, str]:
     """A text file, bounded: a regular file of at most max_bytes, valid UTF-8; (its text, its bytes' sha256)."""
     import hashlib
-    st = regular_file(path, where, fix)
-    if st.st_size > max_bytes:
-        raise UserError(where, f"{path}: {st.st_size:,} bytes, more than {max_bytes:,}", fix)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
-    except OSError as e:
-        raise UserError(where, f"{path}: {e.strerror or type(e).__name__}", fix) from None
+    raw = _read_bounded(path, where, fix, max_bytes)
     if len(raw) > max_bytes:  # grew since the stat
         raise UserError(where, f"{path}: more than {max_bytes:,} bytes", fix)
     try:
