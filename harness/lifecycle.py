@@ -8,7 +8,8 @@ balloons, the fleet's probe):
   carry both). An engine (run_process) also leads a session and process group of its own.
 - At the end of its run (exit, timeout, exception; `Contained.release`, called by `wait`) the process itself,
   its process group, its session and every process of this user whose environment carries its tag are
-  SIGKILLed, scanning /proc again until a scan finds none left alive (a forking child can race a scan). The
+  SIGKILLed, scanning /proc again until a scan finds none left alive (a forking child can race a scan; a
+  process inside an execve, whose environment cannot be read yet, is read again until it can). The
   process is waited for without being reaped first (waitid WNOWAIT), so its pid, group and session ids
   cannot be reused while they are killed.
 - The runner is the children's subreaper (PR_SET_CHILD_SUBREAPER): descendants orphaned during a run are
@@ -50,10 +51,12 @@ from typing import Callable, Iterable, Iterator
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PF_KTHREAD = 0x00200000
 PREFIX = "edge-harness-"
 _OWN = re.compile(rf"^{PREFIX}(\d+)-")
 MARK = "EDGE_HARNESS_RUN"
 _MARK_B = MARK.encode() + b"="
+EXEC_WINDOW_S = 1.0  # how long a process seen inside an execve is read again (an exec takes milliseconds)
 SWEEP_LIMIT_S = 5.0  # a scan-and-kill round goes on at most this long (a process stuck in the kernel ignores SIGKILL)
 
 
@@ -90,11 +93,18 @@ def _stat(pid: int) -> tuple[str, int, int, int, str] | None:
 def tags_of(pid: int, mark: str = MARK) -> list[str]:
     """The marker's tags in a process's environment (as it was at exec); [] when unmarked, gone, a zombie, or
     not readable (another user's). `mark`: another variable read the same way (harness.suitebench's)."""
+    return _tags(_environ(pid), mark)
+
+
+def _environ(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError:
-        return []
+        return b""
+
+
+def _tags(data: bytes, mark: str = MARK) -> list[str]:
     key = _MARK_B if mark == MARK else mark.encode() + b"="
     if data.startswith(key):
         i = 0
@@ -106,6 +116,18 @@ def tags_of(pid: int, mark: str = MARK) -> list[str]:
     j = data.find(b"\0", i)
     value = data[i + len(key):j if j >= 0 else len(data)]
     return [t for t in value.decode(errors="replace").split(",") if t]
+
+
+def _scanned_tags(pid: int) -> list[str] | None:
+    """A scan's read of a live process's tags; None while it is inside an execve (no environment to read yet).
+    An environment read empty is read again once its arguments are there: a read begun on the memory an exec
+    was replacing comes back empty."""
+    data = _environ(pid)
+    if not data:
+        if _in_exec(pid):
+            return None
+        data = _environ(pid)
+    return _tags(data)
 
 
 def _pids() -> Iterator[int]:
@@ -147,6 +169,7 @@ def kill_marked(match: Callable[[list[str]], bool], group: int | None = None, se
         known = {p.pid for p in list(_LIVE) if p.returncode is None}
     killed: dict[int, str] = {}  # pid -> its start time (a pid reused meanwhile is not the one killed)
     zombies: set[int] = set()
+    in_exec: dict[tuple[int, str], float] = {}  # (pid, start) -> when first seen inside an execve
     deadline = time.monotonic() + limit_s
     while True:
         if group is not None:
@@ -164,8 +187,11 @@ def kill_marked(match: Callable[[list[str]], bool], group: int | None = None, se
                     and start.isdigit() and int(start) >= orphans_since):
                 zombies.add(pid)
                 continue
+            t = _scanned_tags(pid) if state not in ("Z", "X") else tags_of(pid)
+            if t is None and time.monotonic() - in_exec.setdefault((pid, start), time.monotonic()) < EXEC_WINDOW_S:
+                new = True  # its environment not there yet: scan again
             if not ((group is not None and pgrp == group) or (session is not None and sid == session)
-                    or ((t := tags_of(pid)) and match(t))):
+                    or (t and match(t))):
                 continue
             if state in ("Z", "X"):
                 if ppid == me:
@@ -182,6 +208,19 @@ def kill_marked(match: Callable[[list[str]], bool], group: int | None = None, se
     if reap:
         _reap(set(killed) | zombies)
     return sorted(killed)
+
+
+def _in_exec(pid: int) -> bool:
+    """Whether a live process reads as having neither arguments nor environment: inside an execve (its new
+    memory not yet set up), when a scan cannot tell whether it carries a run's marker."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if int(f.read().rsplit(b")", 1)[1].split()[6]) & PF_KTHREAD:  # a kernel thread has neither, always
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return not f.read(1)
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def _running(pid: int, start: str) -> bool:
