@@ -426,8 +426,10 @@ def _run_verbs(sub: Any) -> None:
 
     str_ = sub.add_parser("trace", help="timed traces a load replays (docs/serving.md, \"Traces\")")
     tsub = str_.add_subparsers(dest="trace_cmd", required=True)
-    tsy = tsub.add_parser("synth", help="write a seeded synthetic trace (Mooncake's JSONL form)")
+    tsy = tsub.add_parser("synth", help="write a seeded synthetic trace (Mooncake's JSONL form, or BurstGPT's CSV)")
     tsy.add_argument("out")
+    tsy.add_argument("--format", choices=["mooncake", "burstgpt"], default="mooncake",
+                     help="mooncake: JSONL with shared blocks' hash ids; burstgpt: CSV, no shared blocks")
     tsy.add_argument("--requests", type=int, default=64)
     tsy.add_argument("--rate", type=float, default=2.0, help="requests/s, Poisson arrivals")
     tsy.add_argument("--seed", type=int, default=0)

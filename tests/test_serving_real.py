@@ -475,6 +475,48 @@ def test_a_malformed_trace_is_one_line_naming_its_line(tmp_path, line, says):
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+def test_a_burstgpt_csv_is_read_as_its_synthetic_jsonl_twin(tmp_path):
+    """BurstGPT's CSV form (seconds, no shared blocks): the same requests, times and lengths as the Mooncake JSONL
+    synth writes from the same seed; a row of 0 response tokens (BurstGPT's failed request) skipped; a grid plans
+    it and its sha256 is recorded."""
+    from harness import grid
+    from harness.workloads.serving import traces
+    lines = traces.synth(5, 4.0, 7, (8, 12), (2, 4), 4, 0, 0)
+    csv_text = traces.burstgpt_csv(lines)
+    head, *rows = csv_text.splitlines()
+    assert head == "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
+    rows.insert(2, "0.300,ChatGPT,40,0,40,Conversation log")  # a failed request: skipped
+    (tmp_path / "b.csv").write_text("\n".join([head, *rows]) + "\n")
+    got, sha = traces.read(tmp_path / "b.csv")
+    want, _ = traces.read(_trace(tmp_path, lines))
+    assert [(r.input_len, r.output_len, r.blocks) for r in got] == [(r.input_len, r.output_len, ()) for r in want]
+    assert [r.t_s for r in got] == pytest.approx([r.t_s for r in want], abs=1e-3)
+    g = tmp_path / "g.yaml"
+    g.write_text(GRID.format(name="g", load="{trace: b.csv}", reps=1, env=""))
+    load = grid.load(str(g)).workload["load"]
+    assert load["trace_sha256"] == sha and load["requests"] == 5
+
+
+@pytest.mark.parametrize("text, says", [
+    ("Timestamp,Model,Request tokens\n1,a,4\n", "header: 'Response tokens' missing"),
+    ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\nx,a,4,4,8,c\n",
+     ":2: Timestamp: must be seconds >= 0"),
+    ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n0,a,4,-1,3,c\n",
+     ":2: Response tokens: must be an integer in [0,"),
+    ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n0,a,4,4,8\n", ":2: 5 columns, the header has 6"),
+    ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,a,4,4,8,c\n1,a,4,4,8,c\n",
+     ":3: Timestamp: 1.0 is before"),
+    ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n0,a,4,0,4,c\n", "no requests (every row"),
+])
+def test_a_malformed_burstgpt_csv_is_one_line_naming_its_row(tmp_path, text, says):
+    from harness.errors import UserError
+    from harness.workloads.serving import traces
+    (tmp_path / "b.csv").write_text(text)
+    with pytest.raises(UserError) as e:
+        traces.read(tmp_path / "b.csv")
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_a_trace_changed_after_the_plan_fails_its_run(tmp_path):
     from harness import grid
     from harness.workloads.serving import grid as serving_grid

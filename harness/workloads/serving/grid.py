@@ -119,7 +119,7 @@ def _user_file(path: str, fld: str, f: Any, example: str) -> tuple[str, Any]:
 
 
 def parse_trace(path: str, raw: dict, axes: dict[str, list]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """trace: FILE (JSONL, relative to the grid file), block_len (default 512, Mooncake's), time_scale (default 1:
+    """trace: FILE (Mooncake JSONL or BurstGPT CSV, relative to the grid file), block_len (default 512, Mooncake's), time_scale (default 1:
     each timestamp x it), requests (default: all its lines; the first N), concurrency (optional: at most that
     many in flight). Read here: its sha256 recorded, a malformed line refused before anything runs."""
     from harness.workloads.serving.traces import read as read_trace

@@ -1,6 +1,8 @@
 """Timed traces replayed on their schedule (docs/serving.md, "Traces"). A trace is a JSONL file, one request a
 line, in Mooncake's form: {"timestamp": ms from the trace's start, "input_length": tokens, "output_length": tokens,
-"hash_ids": [block ids]}. Request i is sent at its timestamp (x the load's time_scale) whatever is in flight; its
+"hash_ids": [block ids]}; or a CSV file in BurstGPT's form (a header `Timestamp,Model,Request tokens,Response
+tokens,Total tokens,Log Type`, the timestamp in seconds; no shared blocks; a row of 0 response tokens, BurstGPT's
+failed request, is skipped, as vLLM's reader does). Request i is sent at its timestamp (x the load's time_scale) whatever is in flight; its
 prompt is its blocks' tokens, each block `block_len` seeded token ids of its hash id (the same id, the same tokens:
 the trace's shared prefixes), cut or filled (seeded by the line) to its input length; its output is forced to its
 output length. The file is untrusted: a malformed line is one error naming the file, the line and the field; its
@@ -12,6 +14,8 @@ request opening with one of a few shared prefixes): the tests' and the published
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import random
@@ -51,6 +55,11 @@ def read(path: str | Path) -> tuple[list[TraceRequest], str]:
     from harness.untrusted import read_text
     p = Path(path)
     text, sha = read_text(p, str(p), FIX, MAX_BYTES)
+    if text.lstrip().startswith(BURSTGPT_HEADER[0] + ","):
+        out = _burstgpt(p, text)
+        if not out:
+            raise UserError(str(p), "no requests (every row has 0 response tokens)", BURSTGPT_FIX)
+        return out, sha
     out: list[TraceRequest] = []
     t0, last = None, -math.inf
     for n, raw in enumerate(text.splitlines(), 1):
@@ -86,6 +95,57 @@ def read(path: str | Path) -> tuple[list[TraceRequest], str]:
     if not out:
         raise UserError(str(p), "no requests", FIX)
     return out, sha
+
+
+BURSTGPT_HEADER = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")
+BURSTGPT_FIX = "BurstGPT's CSV: a header " + ",".join(BURSTGPT_HEADER) + ", a request a row (docs/serving.md)"
+
+
+def _burstgpt(p: Path, text: str) -> list[TraceRequest]:
+    """A BurstGPT CSV's requests (its rows of 0 response tokens skipped); refused in one line where malformed."""
+    rows = csv.reader(io.StringIO(text))
+    out: list[TraceRequest] = []
+    t0, last = None, -math.inf
+    header: list[str] | None = None
+    for n, row in enumerate(rows, 1):
+        where = f"{p}:{n}"
+        if not row or not any(c.strip() for c in row):
+            continue
+        if header is None:
+            header = [c.strip() for c in row]
+            missing = [c for c in BURSTGPT_HEADER if c not in header]
+            if missing or len(header) != len(BURSTGPT_HEADER):
+                raise UserError(where, f"header: {(missing or header)[0][:40]!r} "
+                                f"{'missing' if missing else 'is not one of the columns'}", BURSTGPT_FIX)
+            continue
+        if len(out) >= MAX_LINES:
+            raise UserError(where, f"more than {MAX_LINES:,} requests", "cut the trace")
+        if len(row) != len(header):
+            raise UserError(where, f"{len(row)} columns, the header has {len(header)}", BURSTGPT_FIX)
+        d = dict(zip(header, (c.strip() for c in row)))
+        try:
+            ts = float(d["Timestamp"])
+        except ValueError:
+            ts = math.nan
+        if not math.isfinite(ts) or ts < 0:
+            raise UserError(where, f"Timestamp: must be seconds >= 0, got {d['Timestamp'][:40]!r}", BURSTGPT_FIX)
+        if ts < last:
+            raise UserError(where, f"Timestamp: {ts} is before the row above's {last}", "sort the trace by time")
+        last = ts
+        lens = {}
+        for fld in ("Request tokens", "Response tokens"):
+            v = d[fld]
+            if not v.isdigit() or int(v) > MAX_LEN:
+                raise UserError(where, f"{fld}: must be an integer in [0, {MAX_LEN}], got {v[:40]!r}", BURSTGPT_FIX)
+            lens[fld] = int(v)
+        if lens["Response tokens"] == 0:
+            continue  # a failed request in BurstGPT: nothing to replay
+        if lens["Request tokens"] == 0:
+            raise UserError(where, "Request tokens: 0 with a response", BURSTGPT_FIX)
+        t0 = ts if t0 is None else t0
+        out.append(TraceRequest(line=n, t_s=ts - t0, input_len=lens["Request tokens"],
+                                output_len=lens["Response tokens"], blocks=()))
+    return out
 
 
 def prompts(reqs: list[TraceRequest], block_len: int, vocab: int, special: set[int]) -> list[list[int]]:
@@ -127,6 +187,17 @@ def synth(requests: int, rate: float, seed: int, input_len: tuple[int, int], out
     return out
 
 
+def burstgpt_csv(lines: list[dict]) -> str:
+    """Synthetic requests (synth's) as BurstGPT's CSV: seconds, the lengths, no shared blocks."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(BURSTGPT_HEADER)
+    for d in lines:
+        n_in, n_out = d["input_length"], d["output_length"]
+        w.writerow([f"{d['timestamp'] / 1000.0:.3f}", "synthetic", n_in, n_out, n_in + n_out, "Conversation log"])
+    return buf.getvalue()
+
+
 def synth_command(args: Any) -> int:
     """`harness trace synth OUT ...`: the synthetic trace written, one JSON object a line."""
 
@@ -145,6 +216,9 @@ def synth_command(args: Any) -> int:
                         "--prefixes and --prefix-blocks >= 0", "see harness trace synth --help")
     lines = synth(args.requests, args.rate, args.seed, span(args.input_len, "--input-len"),
                   span(args.output_len, "--output-len"), args.block_len, args.prefixes, args.prefix_blocks)
-    Path(args.out).write_text("".join(json.dumps(d) + "\n" for d in lines))
+    if getattr(args, "format", "mooncake") == "burstgpt":
+        Path(args.out).write_text(burstgpt_csv(lines))
+    else:
+        Path(args.out).write_text("".join(json.dumps(d) + "\n" for d in lines))
     print(f"wrote {len(lines)} requests to {args.out}")
     return 0
