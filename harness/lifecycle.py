@@ -123,11 +123,10 @@ def _scanned_tags(pid: int) -> list[str] | None:
     An environment read empty is read again once its arguments are there: a read begun on the memory an exec
     was replacing comes back empty."""
     data = _environ(pid)
-    if not data:
-        if _in_exec(pid):
-            return None
-        data = _environ(pid)
-    return _tags(data)
+    if data:
+        return _tags(data)
+    state = _exec_state(pid)
+    return None if state == "exec" else [] if state == "kernel" else _tags(_environ(pid))
 
 
 def _pids() -> Iterator[int]:
@@ -210,17 +209,18 @@ def kill_marked(match: Callable[[list[str]], bool], group: int | None = None, se
     return sorted(killed)
 
 
-def _in_exec(pid: int) -> bool:
-    """Whether a live process reads as having neither arguments nor environment: inside an execve (its new
-    memory not yet set up), when a scan cannot tell whether it carries a run's marker."""
+def _exec_state(pid: int) -> str:
+    """"exec": a live process that reads as having neither arguments nor environment, inside an execve (its new
+    memory not yet set up: a scan cannot tell whether it carries a run's marker); "kernel": a kernel thread (it has
+    neither, always); else "other"."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            if int(f.read().rsplit(b")", 1)[1].split()[6]) & PF_KTHREAD:  # a kernel thread has neither, always
-                return False
+            if int(f.read().rsplit(b")", 1)[1].split()[6]) & PF_KTHREAD:
+                return "kernel"
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return not f.read(1)
+            return "other" if f.read(1) else "exec"
     except (OSError, IndexError, ValueError):
-        return False
+        return "other"
 
 
 def _running(pid: int, start: str) -> bool:

@@ -345,7 +345,7 @@ def test_a_process_caught_inside_an_exec_is_read_again_and_killed(monkeypatch, i
     proc = subprocess.Popen(["sleep", d], env={**os.environ, lifecycle.MARK: tag}, start_new_session=True)
     try:
         reads = {"environ": 0}
-        real_environ, real_in_exec = lifecycle._environ, lifecycle._in_exec
+        real_environ, real_state = lifecycle._environ, lifecycle._exec_state
 
         def environ(pid):
             if pid == proc.pid:
@@ -355,7 +355,8 @@ def test_a_process_caught_inside_an_exec_is_read_again_and_killed(monkeypatch, i
             return real_environ(pid)
 
         monkeypatch.setattr(lifecycle, "_environ", environ)
-        monkeypatch.setattr(lifecycle, "_in_exec", lambda pid: inside_exec if pid == proc.pid else real_in_exec(pid))
+        monkeypatch.setattr(lifecycle, "_exec_state",
+                            lambda pid: ("exec" if inside_exec else "other") if pid == proc.pid else real_state(pid))
         killed = lifecycle.kill_marked(lambda tags: tag in tags, reap=False)
         assert killed == [proc.pid] and proc.wait(5) == -signal.SIGKILL
     finally:

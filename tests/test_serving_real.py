@@ -493,8 +493,9 @@ def test_a_burstgpt_csv_is_read_as_its_synthetic_jsonl_twin(tmp_path):
     assert [r.t_s for r in got] == pytest.approx([r.t_s for r in want], abs=1e-3)
     g = tmp_path / "g.yaml"
     g.write_text(GRID.format(name="g", load="{trace: b.csv}", reps=1, env=""))
-    load = grid.load(str(g)).workload["load"]
-    assert load["trace_sha256"] == sha and load["requests"] == 5
+    from harness.workloads.serving import grid as serving_grid
+    load = serving_grid.load_of(grid.load(str(g)), {})
+    assert load.trace_sha256 == sha and load.requests == 5
 
 
 @pytest.mark.parametrize("text, says", [

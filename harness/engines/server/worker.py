@@ -24,7 +24,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from harness import serving
+# started as a script: its folder (harness/engines/server, which holds fidelity.py) must not stand in front of the
+# real packages
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+from harness import serving  # noqa: E402
 
 LOG_TAIL_LINES = 30
 
