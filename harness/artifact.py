@@ -457,14 +457,53 @@ def migrate(doc: dict, where: str) -> dict:
     return doc
 
 
-def parse(doc: Any, where: str) -> Any:
+def parse(doc: Any, where: str, shared: dict | None = None) -> Any:
+    """The artifact a JSON document (finite: read by a strict parser) validates to. `shared`: a table the caller
+    keeps across calls; then each SHARED_FIELDS block equal, as JSON, to one validated before (in an artifact of
+    the same kind) is that block's validated object, not validated again: many runs share their tree, host,
+    model, engine and settings, and validating and holding each once is most of reading a large store."""
     if not isinstance(doc, dict):
         raise UserError(where, "top level is not a JSON object", "restore the artifact from git")
     doc = migrate(doc, where)
     kind = doc.get("kind")
     if kind not in ARTIFACT_TYPES:
         raise UserError(where, f"kind: unknown kind {kind!r}", f"known kinds: {', '.join(sorted(ARTIFACT_TYPES))}")
-    return ARTIFACT_TYPES[kind].model_validate(doc)  # type: ignore[return-value]
+    if shared is None:
+        return ARTIFACT_TYPES[kind].model_validate(doc)  # type: ignore[return-value]
+    return _validate_shared(ARTIFACT_TYPES[kind], kind, doc, shared)
+
+
+# Sub-objects of an artifact that many runs share (the same tree, machine, model, engine, settings). Frozen
+# models, never written to.
+SHARED_FIELDS = ("harness", "host", "model", "engine", "execution", "workload", "residency")
+
+
+def _validate_shared(cls: type[BaseModel], kind: str, doc: dict, table: dict) -> Any:
+    """cls.model_validate(doc), each shared block already validated taken from `table` (a validated object of the
+    field's own class passes validation as it is), each one validated now put there. The key is the block's
+    JSON (orjson: key order and number types kept), so that equal keys are equal documents, which validate to
+    equal objects."""
+    import orjson
+    doc, missed = dict(doc), []
+    for f in SHARED_FIELDS:
+        v = doc.get(f)
+        if not isinstance(v, dict):
+            continue
+        try:
+            key = (kind, f, orjson.dumps(v))
+        except TypeError:  # an integer beyond 64 bits: validated on its own
+            continue
+        hit = table.get(key)
+        if hit is None:
+            missed.append((f, key))
+        else:
+            doc[f] = hit
+    a = cls.model_validate(doc)
+    for f, key in missed:
+        v = getattr(a, f, None)
+        if isinstance(v, BaseModel):
+            table[key] = v
+    return a
 
 
 def dumps(a: BaseModel) -> str:

@@ -272,9 +272,10 @@ def _non_finite(name: str):
     raise ValueError(f"{name} is not a number an artifact may hold (ids are computed without NaN or infinity)")
 
 
-def load_path(path: Path, verify_id: bool = False) -> RunArtifact:
+def load_path(path: Path, verify_id: bool = False, shared: dict | None = None) -> RunArtifact:
     """One artifact, read through read_bytes (regular file, bounded) and parsed strictly; any problem is one line.
-    `verify_id`: also refuse a document that does not hash to its id (an edited artifact)."""
+    `verify_id`: also refuse a document that does not hash to its id (an edited artifact). `shared`: as for
+    artifact.parse."""
     import pydantic_core
     raw = read_bytes(path, fix="restore the artifact from git")
     if too_deep(raw):
@@ -298,7 +299,7 @@ def load_path(path: Path, verify_id: bool = False) -> RunArtifact:
             raise UserError(str(path), "id: does not match the content", "restore the artifact from git")
     from pydantic import ValidationError
     try:
-        return parse(doc, str(path))
+        return parse(doc, str(path), shared)
     except ValidationError as e:
         err = e.errors()[0]
         fld = ".".join(str(x) for x in err["loc"])

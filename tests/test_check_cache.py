@@ -32,7 +32,7 @@ def _counting(monkeypatch) -> list[str]:
     """The files check reads from here on."""
     calls: list[str] = []
     real = check._check_file
-    monkeypatch.setattr(check, "_check_file", lambda f, allow: calls.append(str(f)) or real(f, allow))
+    monkeypatch.setattr(check, "_check_file", lambda f, allow, *shared: calls.append(str(f)) or real(f, allow, *shared))
     return calls
 
 

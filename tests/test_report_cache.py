@@ -34,7 +34,7 @@ def _reads(monkeypatch) -> list[str]:
     real_load, real_read, real_parse = report.inputs.load_path, store.read_if_unchanged, artifact.parse
     monkeypatch.setattr(report.inputs, "load_path", lambda p, **kw: calls.append(str(p)) or real_load(p, **kw))
     monkeypatch.setattr(store, "read_if_unchanged", lambda p, st: calls.append(str(p)) or real_read(p, st))
-    monkeypatch.setattr(artifact, "parse", lambda doc, where: calls.append(where) or real_parse(doc, where))
+    monkeypatch.setattr(artifact, "parse", lambda doc, where, *shared: calls.append(where) or real_parse(doc, where, *shared))
     return calls
 
 
@@ -210,3 +210,24 @@ def test_a_report_after_check_reuses_its_verdicts_and_rechecks_what_it_refused(e
     after = report.render([str(env)])
     assert calls == [str(lie)]  # only what check refused is checked again
     assert after == want
+
+
+def test_equal_blocks_are_validated_once_and_shared(env):
+    """artifact.parse with a table: a block equal as JSON to one validated before (same kind) is that object, not
+    validated again; the artifact equals the one parsed alone; a block that differs in a value, or only in a
+    number's type, is its own object."""
+    import pydantic_core
+    first = pydantic_core.from_json(next((env / "quickstart").rglob("*.json")).read_bytes())
+    second = json.loads(json.dumps(first))
+    second["grid"]["pass_index"] += 1  # another run of the same arm, machine and tree
+    table: dict = {}
+    a, b = (artifact.parse(d, "x", table) for d in (first, second))
+    assert a == artifact.parse(first, "x") and b == artifact.parse(second, "x") and a != b
+    assert a.host is b.host and a.harness is b.harness and a.engine is b.engine
+    other = json.loads(json.dumps(second))
+    other["host"]["loadavg_before"] = [float(x) + 1 for x in other["host"]["loadavg_before"]]
+    c = artifact.parse(other, "x", table)
+    assert c.host is not a.host and c.host.loadavg_before != a.host.loadavg_before and c.harness is a.harness
+    cores = other["host"]["cpu"]["logical_cores"]
+    other["host"]["cpu"]["logical_cores"] = float(cores)  # the same value as JSON numbers go, another type
+    assert artifact.parse(other, "x", table).host is not c.host

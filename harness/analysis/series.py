@@ -24,7 +24,7 @@ def machine_key(a) -> str:
 
 def _by_identity(table: dict, obj: Any, fn: Any) -> Any:
     """fn(obj), computed once per object while `table` holds it (the object is kept beside its value, so its id
-    is not reused): artifacts share their engine and model records (harness/report/inputs.py _share)."""
+    is not reused): artifacts share their engine and model records (harness.artifact.parse, shared)."""
     hit = table.get(id(obj))
     if hit is not None and hit[0] is obj:
         return hit[1]

@@ -70,10 +70,11 @@ def _artifact_paths(paths: Iterable[str]) -> tuple[list[tuple[str, Path | None]]
     return files, problems
 
 
-def _check_file(f: Path, allow_unknown_commit: bool) -> tuple[list[str], dict | None]:
+def _check_file(f: Path, allow_unknown_commit: bool, shared: dict | None = None) -> tuple[list[str], dict | None]:
     """One file's problems but its model files', and what the checks across files need of it (its record: id,
     kind, model files, the summary of a reference or fidelity artifact), JSON, as the verification cache keeps it.
-    Read through harness.store.read_bytes: a regular file, not a link, bounded in size and nesting."""
+    Read through harness.store.read_bytes: a regular file, not a link, bounded in size and nesting. `shared`: the
+    blocks validated before in this process (artifact.parse)."""
     from harness.store import MAX_DEPTH, read_bytes, too_deep
     where = str(f)
     try:
@@ -92,7 +93,7 @@ def _check_file(f: Path, allow_unknown_commit: bool) -> tuple[list[str], dict | 
         return [f"{where}: (file): invalid JSON ({e.msg} at line {e.lineno}); truncated?"], None
     except (ValueError, RecursionError) as e:
         return [f"{where}: (file): invalid JSON ({e})"], None
-    problems, a = doc_problems(doc, where, allow_unknown_commit, finite)
+    problems, a = doc_problems(doc, where, allow_unknown_commit, finite, shared)
     if not isinstance(doc, dict):
         return problems, None
     rec: dict[str, Any] = {"id": doc.get("id")}
@@ -119,7 +120,8 @@ def _check_file(f: Path, allow_unknown_commit: bool) -> tuple[list[str], dict | 
 def _check_chunk(args: tuple[list[str], bool]) -> list[tuple[list[str], dict | None]]:
     files, allow = args
     with gc_paused():
-        return [_check_file(Path(f), allow) for f in files]
+        shared: dict = {}  # many files share their tree, host, model, engine and settings: validated once
+        return [_check_file(Path(f), allow, shared) for f in files]
 
 
 PARALLEL_FROM = 400  # artifacts; below this a process pool costs more than it saves

@@ -25,8 +25,10 @@ def check_doc(doc: Any, where: str, verify_models: bool = True, allow_unknown_co
     return problems
 
 
-def doc_problems(doc: Any, where: str, allow_unknown_commit: bool, finite: bool) -> tuple[list[str], Any]:
-    """check_doc but the model files: (problems, the parsed artifact or None where it does not parse)."""
+def doc_problems(doc: Any, where: str, allow_unknown_commit: bool, finite: bool,
+                 shared: dict | None = None) -> tuple[list[str], Any]:
+    """check_doc but the model files: (problems, the parsed artifact or None where it does not parse). `shared`:
+    as for artifact.parse, where `finite`."""
     problems: list[str] = []
     if not isinstance(doc, dict):
         return [f"{where}: (top level): not a JSON object"], None
@@ -36,7 +38,7 @@ def doc_problems(doc: Any, where: str, allow_unknown_commit: bool, finite: bool)
     except ValueError as e:  # NaN or infinity cannot be canonical JSON
         problems.append(f"{where}: id: content is not canonical JSON ({e})")
     try:
-        a = parse(doc, where)
+        a = parse(doc, where, shared if finite else None)
         doc = migrate(dict(doc), where)
     except UserError as e:
         return problems + [f"{where}: {e.problem}"], None

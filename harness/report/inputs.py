@@ -101,7 +101,7 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
     pcache = _parsed_cache(d) if cache is not None else None
     parsed_old = pcache.load() if pcache is not None else {}
     parsed: dict[str, tuple] = {}
-    shared: dict = {}  # the sub-objects of the artifacts parsed now, each shared with an equal one (_share)
+    shared: dict = {}  # the sub-objects of the artifacts parsed now, each shared with an equal one (artifact.parse)
     arts, unloadable, refused = [], [], []
     now = time.time_ns()  # before any file is stat'd or read (StoreCache.put)
     for p in paths:
@@ -132,7 +132,7 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
                 cache.put(rel, st, ["ok", aid], now)  # type: ignore[union-attr]
                 continue
         try:
-            a = load_path(p, verify_id=True)
+            a = load_path(p, verify_id=True, shared=shared)
         except UserError as e:
             kind, lines = "load", [str(e)]
             unloadable += lines
@@ -147,7 +147,7 @@ def _load_accepted(d: Path, paths: list[Path], accepted_ids: list | None = None)
             cache.put(rel, st, ["ok", a.id] if kind == "ok" else [kind, [line[len(where) + 2:] for line in lines]],
                       now)
             if kind == "ok" and rel in cache.new:  # its verdict is kept: so is what it parsed to
-                parsed[rel] = (st, _share(a, shared))
+                parsed[rel] = (st, a)
     if cache is not None:
         cache.save()
         pcache.save(parsed_old, parsed)  # type: ignore[union-attr]
@@ -199,14 +199,13 @@ def _unchanged(p: Path, rel: str, st: Any, hit_id: str, parsed_old: dict, parsed
         return entry[1]  # type: ignore[index]
     raw = read_if_unchanged(p, st)
     try:
-        a = parse(pydantic_core.from_json(raw, allow_inf_nan=False), str(p))
+        a = parse(pydantic_core.from_json(raw, allow_inf_nan=False), str(p), shared)
         if a.id != hit_id:
             raise ValueError("not the artifact verified")
     except Exception:  # changed since (None), or not what was verified: loaded and checked below
         return None
-    kept = _share(a, shared)
     parsed[rel] = (st, a)
-    return kept
+    return a
 
 
 def _note(accepted_ids: list | None, rel: str, aid: str) -> None:
@@ -235,27 +234,6 @@ def _parsed_entry_ok(entry: Any, st: list[int] | None, aid: str) -> bool:
     from harness.artifact import ARTIFACT_TYPES
     return (isinstance(entry, tuple) and len(entry) == 2 and entry[0] == st
             and type(entry[1]) in ARTIFACT_TYPES.values() and getattr(entry[1], "id", None) == aid)
-
-
-# Sub-objects of an artifact that many runs share (the same tree, machine, model, engine, settings): an artifact
-# parsed from its file has them shared with an equal one parsed in the same call (equal in type and in every
-# value), so that the pickled cache holds, and reads back, each once. Frozen models, never written to.
-SHARED_FIELDS = ("harness", "host", "model", "engine", "execution", "workload", "residency")
-
-
-def _share_key(v: Any) -> bytes:
-    """Equal pickles are equal objects: the type and every value (a dict's key order too: no sharing there)."""
-    import pickle
-    return pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _share(a: Any, table: dict) -> Any:
-    d = a.__dict__
-    for f in SHARED_FIELDS:
-        v = d.get(f)
-        if v is not None and hasattr(v, "model_dump_json"):
-            d[f] = table.setdefault(_share_key(v), v)
-    return a
 
 
 def _cached_inputs(listing: list) -> list | None:

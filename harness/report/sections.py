@@ -116,7 +116,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
                for a in ok}
     calibration = aa_calibration(an) if ok and len(configs) == 1 and len(an.arms) > 1 else None
     engines = sorted({(a.engine.name, a.engine.version, a.engine.build_commit, analysis.build_id(a.engine)) for a in arts})
-    models = {id(a.model): a.model for a in arts}.values()  # each record once: runs share them (_share)
+    models = {id(a.model): a.model for a in arts}.values()  # each record once: runs share them (artifact.parse, shared)
     model_files = sorted({(m.form, f.path, f.sha256[:12]) for m in models for f in weight_files(m) or []})
     return {
         "name": name, "grid_path": first.grid.path, "grid_sha": first.grid.sha256[:12], "order": first.grid.order,
