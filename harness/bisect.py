@@ -47,6 +47,7 @@ class Probe:
 class Bisected:
     first_bad: str | None  # the commit, or None: not separated
     subject: str
+    last_good: str | None = None  # the commit (release) before it
     probes: list[Probe] = field(default_factory=list)
     why: str = ""
 
@@ -197,7 +198,7 @@ def bisect(grid_path: str, tree: str | None, good: str | None, bad: str | None, 
             _say(out, probe, root is None)
             return _end(chain[j] if found[0] else None, root, probes, len(probes), alpha,
                         "" if found[0] else f"{name_of(i, chain[i])} and {name_of(j, chain[j])} do not differ at "
-                        f"these passes: the step is elsewhere, or too small to see")
+                        f"these passes: the step is elsewhere, or too small to see", chain[i])
         m = (i + j) // 2
         if found[0] and not found[1]:
             turn, j = "earlier half", m
@@ -214,7 +215,24 @@ def bisect(grid_path: str, tree: str | None, good: str | None, bad: str | None, 
         probes.append(probe)
         _say(out, probe, root is None)
         if j - i == 1:  # the half that steps is one commit wide: its later commit is the first bad one
-            return _end(chain[j], root, probes, len(probes), alpha, "")
+            return _end(chain[j], root, probes, len(probes), alpha, "", chain[i])
+
+
+def release_changes(grid_path: str, old: str, new: str) -> list[str] | None:
+    """What differs between two releases of a release bisect's arm (its engine's Releases capability: the sources
+    the two vendor compared); None where its engine cannot tell."""
+    from harness.engines import get_engine
+    from harness.engines.capabilities import Releases, capability
+    arm = template(grid_path, VERSION)["arms"][0]
+    build = (arm.get("options") or {}).get("build")
+    name = arm.get("engine")
+    if not isinstance(build, dict) or not isinstance(name, str):
+        return None
+    try:
+        engine = get_engine(name)
+    except UserError:
+        return None
+    return capability(engine, Releases).release_changes(build, old, new)
 
 
 def _say(out: TextIO | None, p: Probe, releases: bool = False) -> None:
@@ -224,9 +242,49 @@ def _say(out: TextIO | None, p: Probe, releases: bool = False) -> None:
               f"{p.turn}", file=out)
 
 
-def _end(first_bad: str | None, root: Path | None, probes: list[Probe], k: int, alpha: float, why: str) -> Bisected:
+def _end(first_bad: str | None, root: Path | None, probes: list[Probe], k: int, alpha: float, why: str,
+         last_good: str | None = None) -> Bisected:
     subject = "" if not first_bad else f"release {first_bad}" if root is None else \
         _git(root, "log", "-1", "--format=%s", first_bad)
-    return Bisected(first_bad=first_bad, subject=subject, probes=probes,
+    return Bisected(first_bad=first_bad, subject=subject, probes=probes, last_good=last_good if first_bad else None,
                     why=why or f"{k} probe(s), each a family at the {alpha:g} level: a wrong turn with probability at "
                                 f"most {k * alpha:.3g}")
+
+
+def command(args: Any) -> int:
+    """`harness bisect`: its arguments checked, the bisect run, its answer printed."""
+    import sys
+    if (args.versions is None) == (args.tree is None) or (args.tree is not None) != (
+            args.good is not None and args.bad is not None) or (args.versions is not None and (args.good or args.bad)):
+        raise UserError("harness bisect", "give --tree DIR --good A --bad B (commits), or --versions V1,...,Vn "
+                        "(releases)", "one of the two, whole")
+    from harness.sequential import MIN_ALPHA
+    if not MIN_ALPHA <= args.alpha < 0.5:
+        raise UserError("harness bisect", f"--alpha must be a level in [{MIN_ALPHA:g}, 0.5), got {args.alpha:g}",
+                        "--alpha 0.05")
+    if not 2 <= args.passes <= 1 << 20:
+        raise UserError("harness bisect", f"--passes must be 2 to {1 << 20}, got {args.passes}",
+                        "--passes 10 (a family of two steps needs 8)")
+    r = bisect(args.grid, args.tree, args.good, args.bad, args.metric, args.passes, args.store, sys.stderr,
+               args.alpha, versions=args.versions.split(",") if args.versions is not None else None,
+               until_step=args.until_step)
+    if r.first_bad is None:
+        print(f"not separated: {r.why}")
+        return 1
+    print(f"first bad {'release' if args.versions is not None else 'commit'}: {r.first_bad} "
+          f"{r.subject if args.versions is None else ''}".rstrip())
+    print(f"({r.why})")
+    changed = release_changes(args.grid, r.last_good, r.first_bad) if args.versions and r.last_good else None
+    if changed:
+        print("what changed:\n" + "\n".join(changed))
+    return 0
+
+
+def changes_command(args: Any) -> int:
+    """`harness changes OLD NEW`: llama-bench's Releases capability on two llama-cpp-python releases."""
+    from harness.engines import get_engine
+    from harness.engines.capabilities import Releases, capability
+    lines = capability(get_engine("llama-bench"), Releases).release_changes(
+        {"sdist": "llama-cpp-python"}, args.old, args.new)
+    print("\n".join(lines or []))
+    return 0

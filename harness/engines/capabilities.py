@@ -15,6 +15,7 @@ the capabilities whose members it sets.
     Patches     runtime patches an arm may choose (`patches`)
     Serves      a server engine: sent a load by a client (the serving workload kind), never a batch
     Speaks      a speech engine: sent texts (the speech workload kind), streams audio chunks
+    Releases    builds that are releases of a package vendoring the engine's source: what differs between two
 """
 
 from __future__ import annotations
@@ -235,7 +236,17 @@ class Packages:
         return self.packages
 
 
-CAPABILITIES = (Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks, Patches, Serves, Speaks, Packages)
+class Releases:
+    """Builds that are releases of a package vendoring the engine's source (`build: {sdist: ..., version: V}`): what
+    differs between two, for a step found between them (`harness changes`, a bisect's end)."""
+
+    def release_changes(self, build: dict[str, Any], old: str, new: str) -> list[str] | None:
+        """Lines naming what differs between the sources releases `old` and `new` of this build's package vendor;
+        None where the engine cannot tell (no vendored source to compare)."""
+        return None
+
+
+CAPABILITIES = (Limits, Fidelity, Sizing, IsaCap, StepParts, Yardsticks, Patches, Serves, Speaks, Packages, Releases)
 
 
 class _Absent:

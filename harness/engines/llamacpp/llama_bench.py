@@ -23,7 +23,7 @@ from harness.engines.llamacpp import build as llamacpp_build
 
 from harness.engines.base import (Engine, EngineResult, Options, RunContext, affinity_prefix, failed, run_process,
                                   setting, tail)
-from harness.engines.capabilities import Limits, Yardsticks
+from harness.engines.capabilities import Limits, Releases, Yardsticks
 from harness.engines.llamacpp.kvtypes import KV_TYPES
 
 PASSTHROUGH_OPTIONS = {"batch_size": "-b", "ubatch_size": "-ub", "flash_attn": "-fa", "cache_type_k": "-ctk",
@@ -134,7 +134,7 @@ def parse_bench_json(stdout: str) -> list[dict]:
     raise ValueError("no JSON array in llama-bench output")
 
 
-class LlamaBench(Engine, Limits, Yardsticks):
+class LlamaBench(Engine, Limits, Yardsticks, Releases):
     name = "llama-bench"
     read_back_keys = {**Limits.read_back_keys, "threads": ("threads", "n_threads", "decode_test.n_threads")}
     default_form = "gguf-f32"
@@ -150,6 +150,13 @@ class LlamaBench(Engine, Limits, Yardsticks):
     # the llama.cpp engine's request figures beside llama-bench's own (report: definition pairs)
     definition_of = "llama.cpp"
     definition_pairs = (("decode_tok_s", "bench_tg_tok_s"), ("prefill_tok_s", "bench_pp_tok_s"))
+
+    def release_changes(self, build: dict[str, Any], old: str, new: str) -> list[str] | None:
+        """The vendored llama.cpp trees of two llama-cpp-python releases compared (releases.describe)."""
+        from harness.engines.llamacpp import releases
+        if build.get("sdist") != releases.PACKAGE:
+            return None
+        return releases.describe(releases.changes(old, new))
 
     def llama_bench_rows(self, a: Any) -> list[dict[str, Any]]:
         """llama-bench's own figures, as it printed them."""

@@ -184,3 +184,93 @@ def extract(sd: Sdist, sdist: Path, stage: Path, expected_commit: str | None = N
     os.replace(top / "vendor" / "llama.cpp", src)
     shutil.rmtree(stage / "x")
     return commit, commit_full, src
+
+
+# ---- what changed between two releases: their vendored llama.cpp trees, compared file by file ------------------
+
+CPU_BACKEND = "ggml/src/ggml-cpu"  # where a CPU step's cause is looked for first
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str  # relative to the llama.cpp tree
+    added: int | None  # lines; None for a binary file
+    deleted: int | None
+    status: str  # "changed", "new" or "gone"
+
+
+@dataclass(frozen=True)
+class Changes:
+    old: str  # release
+    new: str
+    old_commit: str  # the vendored llama.cpp commit, full
+    new_commit: str
+    files: tuple[FileChange, ...]
+
+
+def tree_changes(old: tuple[str, Path], new: tuple[str, Path]) -> Changes:
+    """The vendored llama.cpp trees of two sdists ((version, sdist file) each), compared by `git diff --no-index
+    --numstat` (no rename detection: a moved file is one gone and one new). The sdists' own history is not in them:
+    this is what differs between the two trees, not the commits between them."""
+    with tempfile.TemporaryDirectory(prefix="edge-changes-") as tmp:
+        t = Path(tmp)
+        commits = []
+        for side, (v, path) in (("old", old), ("new", new)):
+            _, full, src = extract(Sdist(v, None), path, t / f"stage-{side}")
+            os.replace(src, t / side)
+            commits.append(full)
+        r = subprocess.run(["git", "-c", "core.quotePath=false", "diff", "--no-index", "--no-renames", "--numstat",
+                            "old", "new"], cwd=t, capture_output=True, text=True, errors="replace")
+    if r.returncode not in (0, 1):  # 1: the trees differ
+        raise UserError("git diff --no-index", f"failed: {(r.stderr.strip().splitlines() or ['no output'])[-1]}",
+                        "check that git is installed")
+    return Changes(old[0], new[0], commits[0], commits[1], tuple(_numstat(line) for line in r.stdout.splitlines()
+                                                                 if line.strip()))
+
+
+def _numstat(line: str) -> FileChange:
+    """One line of `git diff --no-index --numstat old new`: `A<TAB>D<TAB>{old => new}/path`, `old/path => /dev/null`
+    (gone) or `/dev/null => new/path` (new); `-` counts for a binary file."""
+    added, deleted, name = line.split("\t", 2)
+    if name.startswith("{old => new}/"):
+        path, status = name[len("{old => new}/"):], "changed"
+    elif name.startswith("/dev/null => new/"):
+        path, status = name[len("/dev/null => new/"):], "new"
+    elif name.startswith("old/") and name.endswith(" => /dev/null"):
+        path, status = name[len("old/"):-len(" => /dev/null")], "gone"
+    else:
+        path, status = name, "changed"
+    return FileChange(path, None if added == "-" else int(added), None if deleted == "-" else int(deleted), status)
+
+
+def changes(old: str, new: str) -> Changes:
+    """What differs between the llama.cpp two llama-cpp-python releases vendor (each sdist fetched and verified
+    as for a build)."""
+    return tree_changes(*((v, ensure(Sdist(check_version("--versions", v), None))) for v in (old, new)))
+
+
+def describe(ch: Changes, focus: str = CPU_BACKEND, top: int = 8) -> list[str]:
+    """The lines `harness bisect` and `harness changes` print: the two commits, the count of files and lines, the
+    files of `focus` (the CPU backend) most changed, and the other top folders' counts."""
+    def lines(fs: list[FileChange]) -> str:
+        a, d = sum(f.added or 0 for f in fs), sum(f.deleted or 0 for f in fs)
+        return f"{len(fs)} file{'s' * (len(fs) != 1)}, +{a} -{d} lines"
+    out = [f"llama.cpp {ch.old_commit[:10]} ({PACKAGE} {ch.old}) -> {ch.new_commit[:10]} ({ch.new}): "
+           + (lines(list(ch.files)) if ch.files else "the same tree")]
+    if not ch.files:
+        return out
+    mine = sorted((f for f in ch.files if f.path.startswith(focus + "/")),
+                  key=lambda f: (-((f.added or 0) + (f.deleted or 0)), f.path))
+    out.append(f"  {focus}: " + (lines(mine) if mine else "unchanged"))
+    for f in mine[:top]:
+        size = "binary" if f.added is None else f"+{f.added} -{f.deleted}"
+        out.append(f"    {f.path[len(focus) + 1:]} {size}" + ("" if f.status == "changed" else f" ({f.status})"))
+    if len(mine) > top:
+        out.append(f"    ... {len(mine) - top} more")
+    rest: dict[str, list[FileChange]] = {}
+    for f in ch.files:
+        if not f.path.startswith(focus + "/"):
+            rest.setdefault(f.path.split("/")[0] if "/" in f.path else "(top)", []).append(f)
+    for folder, fs in sorted(rest.items(), key=lambda kv: -len(kv[1])):
+        out.append(f"  {folder}: {lines(fs)}")
+    return out
