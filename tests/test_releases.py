@@ -252,7 +252,8 @@ def test_what_changed_between_two_releases_is_their_vendored_trees_compared(tmp_
     cpu = "ggml/src/ggml-cpu"
     old = {f"{cpu}/ops.cpp": b"a\nb\nc\n", f"{cpu}/gone.c": b"x\n", "src/llama.cpp": b"1\n", "tools/w.bin": b"\0\1"}
     new = {f"{cpu}/ops.cpp": b"a\nB\nc\nd\ne\n", f"{cpu}/simd-gemm.h": b"s\n" * 7, "src/llama.cpp": b"2\n",
-           "tools/w.bin": b"\0\2"}
+           "tools/w.bin": b"\0\2", f"{cpu}/arch/arm/quants.c": b"q\n", f"{cpu}/kleidiai/k.cpp": b"k\n",
+           f"{cpu}/arch/x86/quants.c": b"v\n", "ggml/src/ggml-cuda/mm.cu": b"c\n"}
     paths = {}
     for v, files, head in (("0.3.16", old, "4227c9be4268ac844921b90f31595f81236bd317"),
                            ("0.3.17", new, "49bfddeca18e62fa3d39114a23e9fcbdf8a22388")):
@@ -260,17 +261,23 @@ def test_what_changed_between_two_releases_is_their_vendored_trees_compared(tmp_
         paths[v].write_bytes(_sdist(v, head=head, extra=files))
     ch = releases.tree_changes(("0.3.16", paths["0.3.16"]), ("0.3.17", paths["0.3.17"]))
     got = {f.path: (f.added, f.deleted, f.status) for f in ch.files}
-    assert got == {f"{cpu}/ops.cpp": (3, 1, "changed"), f"{cpu}/gone.c": (0, 1, "gone"),
-                   f"{cpu}/simd-gemm.h": (7, 0, "new"), "src/llama.cpp": (1, 1, "changed"),
-                   "tools/w.bin": (None, None, "changed")}
-    lines = releases.describe(ch)
-    assert lines[0] == ("llama.cpp 4227c9be42 (llama-cpp-python 0.3.16) -> 49bfddeca1 (0.3.17): 5 files, "
-                        "+11 -3 lines")
-    assert lines[1:5] == [f"  {cpu}: 3 files, +10 -2 lines", "    simd-gemm.h +7 -0 (new)", "    ops.cpp +3 -1",
-                          "    gone.c +0 -1 (gone)"]
-    assert sorted(lines[5:]) == ["  src: 1 file, +1 -1 lines", "  tools: 1 file, +0 -0 lines"]
+    assert {k: v for k, v in got.items() if "arch/" not in k and "kleidiai" not in k and "cuda" not in k} == {
+        f"{cpu}/ops.cpp": (3, 1, "changed"), f"{cpu}/gone.c": (0, 1, "gone"), f"{cpu}/simd-gemm.h": (7, 0, "new"),
+        "src/llama.cpp": (1, 1, "changed"), "tools/w.bin": (None, None, "changed")}
+    lines = releases.describe(ch, arch="x86")
+    assert lines[0] == ("llama.cpp 4227c9be42 (llama-cpp-python 0.3.16) -> 49bfddeca1 (0.3.17): 9 files, "
+                        "+15 -3 lines")
+    # the CPU backend's code an x86 machine runs, most changed first; arm's kernels (arch/arm, kleidiai) counted
+    assert lines[1:7] == [f"  {cpu}, the code x86 runs: 4 files, +11 -2 lines", "    simd-gemm.h +7 -0 (new)",
+                          "    ops.cpp +3 -1", "    arch/x86/quants.c +1 -0 (new)", "    gone.c +0 -1 (gone)",
+                          f"  {cpu}, other architectures' kernels (arm): 2 files, +2 -0 lines"]
+    assert sorted(lines[7:]) == ["  ggml/src/ggml-cuda: 1 file, +1 -0 lines", "  src: 1 file, +1 -1 lines",
+                                 "  tools: 1 file, +0 -0 lines"]
+    assert releases.describe(ch, arch="x86", top=1, folders=1)[2:5] == [
+        "    simd-gemm.h +7 -0 (new)", "    ... 3 more", f"  {cpu}, other architectures' kernels (arm): 2 files, +2 -0 lines"]
+    assert releases.describe(ch, arch="x86", folders=1)[-1] == "  ... 2 more folders: 2 files, +1 -1 lines"
+    lines = releases.describe(ch)  # this machine's architecture, as the command gives it
     monkeypatch.setattr(releases, "ensure", lambda sd: paths[sd.version])
-    assert releases.describe(ch, top=1)[2:4] == ["    simd-gemm.h +7 -0 (new)", "    ... 2 more"]
     rc, out, err = cli("changes", "0.3.16", "0.3.17")
     assert rc == 0 and out.splitlines() == lines, out + err
     from harness import bisect

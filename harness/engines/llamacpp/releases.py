@@ -249,28 +249,67 @@ def changes(old: str, new: str) -> Changes:
     return tree_changes(*((v, ensure(Sdist(check_version("--versions", v), None))) for v in (old, new)))
 
 
-def describe(ch: Changes, focus: str = CPU_BACKEND, top: int = 8) -> list[str]:
-    """The lines `harness bisect` and `harness changes` print: the two commits, the count of files and lines, the
-    files of `focus` (the CPU backend) most changed, and the other top folders' counts."""
+# Folders of the CPU backend that hold kernels of one architecture (arch/<name>/ besides): another machine's code
+OTHER_ISA_DIRS = {"kleidiai": "arm", "spacemit": "riscv", "amx": "x86"}
+
+
+def machine_arch() -> str:
+    """The arch/ folder name of this machine's kernels in ggml-cpu."""
+    import platform
+    m = platform.machine().lower()
+    return {"x86_64": "x86", "amd64": "x86", "i686": "x86", "aarch64": "arm", "arm64": "arm"}.get(m, m)
+
+
+def _arch_of(rel: str) -> str | None:
+    """The architecture a file under the CPU backend is for (arch/<a>/..., or a folder of one architecture's
+    kernels); None for code every architecture runs."""
+    head, _, rest = rel.partition("/")
+    if head == "arch" and rest:
+        return rest.split("/")[0]
+    return OTHER_ISA_DIRS.get(head) if rest else None
+
+
+def _folder(path: str) -> str:
+    """The folder a file is counted under: a backend of ggml/src (ggml/src/ggml-cuda), else its top folder."""
+    parts = path.split("/")
+    if parts[:2] == ["ggml", "src"] and len(parts) > 3:
+        return "/".join(parts[:3])
+    return parts[0] if len(parts) > 1 else "(top)"
+
+
+def describe(ch: Changes, focus: str = CPU_BACKEND, top: int = 8, arch: str | None = None,
+             folders: int = 8) -> list[str]:
+    """The lines `harness changes` and a release bisect print: the two commits, the count of files and lines, the
+    files of `focus` (the CPU backend) that this machine's architecture (`arch`, default this machine's) runs,
+    most changed first, the other architectures' kernels there counted, and the other folders counted, most
+    files first."""
     def lines(fs: list[FileChange]) -> str:
         a, d = sum(f.added or 0 for f in fs), sum(f.deleted or 0 for f in fs)
         return f"{len(fs)} file{'s' * (len(fs) != 1)}, +{a} -{d} lines"
+    arch = arch or machine_arch()
     out = [f"llama.cpp {ch.old_commit[:10]} ({PACKAGE} {ch.old}) -> {ch.new_commit[:10]} ({ch.new}): "
            + (lines(list(ch.files)) if ch.files else "the same tree")]
     if not ch.files:
         return out
-    mine = sorted((f for f in ch.files if f.path.startswith(focus + "/")),
+    inside = [f for f in ch.files if f.path.startswith(focus + "/")]
+    mine = sorted((f for f in inside if _arch_of(f.path[len(focus) + 1:]) in (None, arch)),
                   key=lambda f: (-((f.added or 0) + (f.deleted or 0)), f.path))
-    out.append(f"  {focus}: " + (lines(mine) if mine else "unchanged"))
+    others = sorted({a for f in inside if (a := _arch_of(f.path[len(focus) + 1:])) not in (None, arch)})
+    out.append(f"  {focus}, the code {arch} runs: " + (lines(mine) if mine else "unchanged"))
     for f in mine[:top]:
         size = "binary" if f.added is None else f"+{f.added} -{f.deleted}"
         out.append(f"    {f.path[len(focus) + 1:]} {size}" + ("" if f.status == "changed" else f" ({f.status})"))
     if len(mine) > top:
         out.append(f"    ... {len(mine) - top} more")
+    if others:
+        out.append(f"  {focus}, other architectures' kernels ({', '.join(others)}): "
+                   + lines([f for f in inside if f not in mine]))
     rest: dict[str, list[FileChange]] = {}
     for f in ch.files:
         if not f.path.startswith(focus + "/"):
-            rest.setdefault(f.path.split("/")[0] if "/" in f.path else "(top)", []).append(f)
-    for folder, fs in sorted(rest.items(), key=lambda kv: -len(kv[1])):
-        out.append(f"  {folder}: {lines(fs)}")
+            rest.setdefault(_folder(f.path), []).append(f)
+    ranked = sorted(rest.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    out += [f"  {folder}: {lines(fs)}" for folder, fs in ranked[:folders]]
+    if len(ranked) > folders:
+        out.append(f"  ... {len(ranked) - folders} more folders: {lines([f for _, fs in ranked[folders:] for f in fs])}")
     return out
