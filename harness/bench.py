@@ -4,12 +4,13 @@ The artifacts are copies of the real committed run artifacts with a different pa
 with their own ids) in a temporary store: a workload for the checker and the report, never published. Each is
 timed cold (its first call: the new store's verification caches under the user's cache folder are empty, as
 for a store never checked on this machine; they are removed after) and warm (the store unchanged since: what
-`harness check` and `harness report` cost in CI or on a second call). The targets are judged on the warm
-times; the exit code is 1 when one is missed. Run on an idle machine; the load average is printed.
+`harness check` and `harness report` cost in CI or on a second call), and the report once more after one more
+artifact is added to the store (the files' parsed objects read back from their cache, the rest rendered again).
+The targets are judged where a user waits: the first check, the first report and the report after one new
+artifact; the exit code is 1 when one is missed. Run on an idle machine; the load average is printed.
 
 A warm report reads the verification cache only: every file's verdict is there under its stamp, and the report
-rendered from the same inputs is read back (report._Output). `--one-new` also times a report after one more
-artifact is added to the store (the files' parsed objects read back from their cache, the rest rendered again).
+rendered from the same inputs is read back (report._Output).
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.bench")
     ap.add_argument("-n", type=int, default=100_000)
     ap.add_argument("--source", default=str(PROJECT_ROOT / "artifacts"))
-    ap.add_argument("--check-target", type=float, default=CHECK_TARGET_S, help="seconds, warm")
-    ap.add_argument("--report-target", type=float, default=REPORT_TARGET_S, help="seconds, warm")
-    ap.add_argument("--one-new", action="store_true", help="also time a report after one artifact is added")
+    ap.add_argument("--check-target", type=float, default=CHECK_TARGET_S, help="seconds, the first check")
+    ap.add_argument("--report-target", type=float, default=REPORT_TARGET_S,
+                    help="seconds, the first report and the report after one new artifact")
+    ap.add_argument("--one-new", action="store_true", help="(always: kept for old command lines)")
     args = ap.parse_args(argv)
     load = Path("/proc/loadavg").read_text().split()[:3]
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
@@ -96,28 +98,26 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(hashcache.RACY_NS / 1e9)  # a store at rest: none of its files changed just before it is read
         for p in store_caches(root):  # a new store: its caches are empty, the first calls cold
             p.unlink()
-        one_new = None
         try:
             check_cold, (_, cold_problems) = timed(lambda: check.check([str(root)]))
             check_warm, (count, problems) = timed(lambda: check.check([str(root)]))
             report_cold, cold_text = timed(lambda: report.render([str(root)]))
             report_warm, text = timed(lambda: report.render([str(root)]))
-            if args.one_new:
-                add_one(root, Path(args.source))
-                one_new, new_text = timed(lambda: report.render([str(root)]))
-                if new_text == text:
-                    raise SystemExit("harness.bench: the report did not change when an artifact was added")
+            add_one(root, Path(args.source))
+            one_new, new_text = timed(lambda: report.render([str(root)]))
+            if new_text == text:
+                raise SystemExit("harness.bench: the report did not change when an artifact was added")
         finally:
             for p in store_caches(root):
                 p.unlink(missing_ok=True)
     if text != cold_text or problems != cold_problems:
         raise SystemExit("harness.bench: the warm check or report differs from the cold one (a cache bug)")
     dirty = sum(1 for p in problems if ": harness.dirty:" in p)
-    ok = check_warm <= args.check_target and report_warm <= args.report_target
+    ok = check_cold <= args.check_target and report_cold <= args.report_target and one_new <= args.report_target
     result = {"artifacts": count, "check_cold_s": round(check_cold, 3), "check_warm_s": round(check_warm, 3),
               "check_target_s": args.check_target, "report_cold_s": round(report_cold, 3),
               "report_warm_s": round(report_warm, 3), "report_target_s": args.report_target,
-              **({"report_one_new_s": round(one_new, 3)} if one_new is not None else {}),
+              "report_one_new_s": round(one_new, 3),
               "problems": len(problems) - dirty, "met": ok, "loadavg_before": load,
               "cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0]}
     print(json.dumps(result, indent=1))
