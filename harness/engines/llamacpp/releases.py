@@ -291,19 +291,24 @@ def describe(ch: Changes, focus: str = CPU_BACKEND, top: int = 8, arch: str | No
            + (lines(list(ch.files)) if ch.files else "the same tree")]
     if not ch.files:
         return out
-    inside = [f for f in ch.files if f.path.startswith(focus + "/")]
-    mine = sorted((f for f in inside if _arch_of(f.path[len(focus) + 1:]) in (None, arch)),
-                  key=lambda f: (-((f.added or 0) + (f.deleted or 0)), f.path))
-    others = sorted({a for f in inside if (a := _arch_of(f.path[len(focus) + 1:])) not in (None, arch)})
+    mine, theirs = [], {}  # files of the code this arch runs; other architectures' files by architecture
+    for f in ch.files:
+        if f.path.startswith(focus + "/"):
+            a = _arch_of(f.path[len(focus) + 1:])
+            if a in (None, arch):
+                mine.append(f)
+            else:
+                theirs.setdefault(a, []).append(f)
+    mine.sort(key=lambda f: (-((f.added or 0) + (f.deleted or 0)), f.path))
     out.append(f"  {focus}, the code {arch} runs: " + (lines(mine) if mine else "unchanged"))
     for f in mine[:top]:
         size = "binary" if f.added is None else f"+{f.added} -{f.deleted}"
         out.append(f"    {f.path[len(focus) + 1:]} {size}" + ("" if f.status == "changed" else f" ({f.status})"))
     if len(mine) > top:
         out.append(f"    ... {len(mine) - top} more")
-    if others:
-        out.append(f"  {focus}, other architectures' kernels ({', '.join(others)}): "
-                   + lines([f for f in inside if f not in mine]))
+    if theirs:
+        out.append(f"  {focus}, other architectures' kernels ({', '.join(sorted(theirs))}): "
+                   + lines([f for fs in theirs.values() for f in fs]))
     rest: dict[str, list[FileChange]] = {}
     for f in ch.files:
         if not f.path.startswith(focus + "/"):
