@@ -126,6 +126,43 @@ def test_real_runs_record_every_chunk_and_check_accepts_them(tmp_path, write_gri
     assert not [p for p in problems if "harness.dirty" not in p], problems
 
 
+def test_pipers_own_cli_read_by_a_plain_client_speaks_the_workers_audio(tmp_path, write_grid):
+    """The cross-check's arm (harness/engines/speech/cli.py): Piper's command line, stamped from outside, paired with
+    the worker on the same texts; synthesis is deterministic, so both speak the same audio, byte for byte."""
+    g = write_grid(GRID.format(name="spcli", text="long").replace(
+        "  - {name: fp32, engine: piper, form: voice-fp32}",
+        "  - {name: fp32, engine: piper, form: voice-fp32}\n"
+        "  - {name: cli, engine: piper, form: voice-fp32, options: {client: cli}}").replace("warmups: 0", "warmups: 1")
+                   .replace("threads: 1", "threads: 2"))  # the CLI sets no threads: ONNX Runtime's default, 2 here
+    execute.run_grid(str(g), store_root=tmp_path / "store")
+    docs = {d["grid"]["arm"]: d for d in map(lambda p: json.loads(p.read_text()),
+                                              Store(tmp_path / "store").iter_paths("spcli"))}
+    w, c = docs["fp32"], docs["cli"]
+    assert c["status"] == "ok", (c.get("error"), c.get("stderr_tail"))
+    eff, weff = c["execution"]["effective"], w["execution"]["effective"]
+    assert eff["client"].startswith("piper's CLI") and eff["cli_waiting_s"] > 0
+    assert "piper" in c["execution"]["command"] and "--output-raw" in c["execution"]["command"]
+    assert "worker_sha256" not in c["engine"]["build"] and c["engine"]["build"]["client_sha256"]
+    assert "ready_s" not in c["metrics"] and "ready_s" in w["metrics"]  # not one measurement: not reported
+    assert eff["texts"] == weff["texts"] and len(eff["texts"]) == 3  # paired: the same texts, the warm-up first
+    assert eff["audio_sha256"] == weff["audio_sha256"]  # the same audio, byte for byte
+    assert eff["sample_rate"] == 22050 and eff["threads"] >= 1 and eff["cpu_affinity"] == weff["cpu_affinity"]
+    m, wm = c["metrics"], w["metrics"]
+    assert m["audio_s"]["samples"] == pytest.approx(wm["audio_s"]["samples"], abs=1e-6)
+    assert all(0 < t < r * a for t, r, a in zip(m["ttfa_s"]["samples"], m["rtf"]["samples"], m["audio_s"]["samples"]))
+    _, problems = check.check([str(tmp_path / "store")], allow_unknown_commit=True)
+    assert not [p for p in problems if "harness.dirty" not in p], problems
+
+
+def test_the_cli_client_is_refused_where_it_cannot_run(write_grid, cli, tmp_path):
+    rc, out, err = cli("plan", write_grid(GRID.format(name="spcli2", text="short").replace(
+        "form: voice-fp32}", "form: voice-fp32, options: {client: shell}}")))
+    assert rc == 2 and "options.client" in err and len(err.strip().splitlines()) == 1, err
+    served = SERVED.format(name="spcli3", engine="piper").replace("engine: piper", "engine: piper, options: {client: cli}")
+    rc, out, err = cli("plan", write_grid(served))
+    assert rc == 2 and "options.client: cli" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_the_aligned_log_spectral_distance():
     import numpy as np
 

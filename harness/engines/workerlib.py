@@ -21,13 +21,17 @@ RUNNING_THREADS = ("threads of the worker process whose time on a CPU or runnabl
                    "the busiest one's (/proc/self/task/*/schedstat) over the measured requests")
 
 
-def thread_times_ns() -> dict[int, tuple[int, int]]:
-    """Each thread of this process: its time on a CPU and its time runnable, waiting for one (ns; the first two
-    fields of /proc/self/task/*/schedstat). A thread asleep, waiting for work, accrues neither."""
+def thread_times_ns(pid: int | str = "self") -> dict[int, tuple[int, int]]:
+    """Each thread of this process (or of process `pid`): its time on a CPU and its time runnable, waiting for one
+    (ns; the first two fields of /proc/PID/task/*/schedstat). A thread asleep, waiting for work, accrues neither."""
     out = {}
-    for t in os.listdir("/proc/self/task"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone
+        return out
+    for t in tasks:
         try:
-            with open(f"/proc/self/task/{t}/schedstat") as f:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
                 run, wait = f.read().split()[:2]
             out[int(t)] = (int(run), int(wait))
         except (OSError, ValueError):

@@ -4,6 +4,7 @@
                 settings read back, the libraries checked
     piper.py    Piper (piper-tts) on the ONNX Runtime wheel
     sherpa.py   sherpa-onnx's OfflineTts (VITS) on its own ONNX Runtime, the same voice file
+    cli.py      Piper's own command line as the measured process, read by a plain client (the cross-check)
     worker.py   the worker (with server.py, the only modules that import piper or sherpa_onnx)
     server.py   the speech server a served run starts around the engine (an OpenAI-style /v1/audio/speech)
     served.py   a served run: the server started, the client's load sent (harness/workloads/speech/client.py)

@@ -120,6 +120,9 @@ class SpeechEngine(Engine, Limits, Speaks, Serves):
         if serving_grid.load(ctx.spec) is not None:
             from harness.engines.speech.served import run_served
             return run_served(self, ctx, form)
+        if getattr(self.options(ctx.arm), "client", "worker") == "cli":
+            from harness.engines.speech.cli import run_cli
+            return run_cli(self, ctx, form)
         from harness import voices
         from harness.workloads.speech import playback, texts
         d = voices.ensure(ctx.model, form)

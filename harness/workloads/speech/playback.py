@@ -122,13 +122,15 @@ def served_metrics(repetitions: list[dict[str, Any]], startup_s: float | None) -
     return out
 
 
-def metrics(streams: list[dict[str, Any]], startup_s: float) -> dict[str, dict]:
+def metrics(streams: list[dict[str, Any]], startup_s: float | None) -> dict[str, dict]:
     """The run's metrics block from its streams ({warmup, arrivals_s, durations_s}, warm-ups flagged): a metric is
-    reported where every stream of the run defines it."""
+    reported where every stream of the run defines it; ready_s where a start-up was timed (None: not)."""
     figs = [(s["warmup"], stream_figures(s["arrivals_s"], s["durations_s"])) for s in streams]
     out = {}
     for name, (unit, hib, definition) in SPEECH_METRICS.items():
         if name == "ready_s":
+            if startup_s is None:
+                continue
             out[name] = {"unit": unit, "higher_is_better": hib, "definition": definition, "samples": [startup_s],
                          "warmup_samples": []}
             continue
