@@ -48,6 +48,13 @@ class StopRule(Frozen):
     metrics: list[str] = Field(min_length=1, description="the primary metrics whose steps it waited on")
 
 
+class DerivedFrom(Frozen):
+    path: str = Field(description="the committed grid file this one was made from (relative to the checkout, or "
+                                  "absolute where it lies outside it)")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of that file when this grid was made")
+    by: str = Field(description="what made this grid from it (e.g. harness bisect: the probe and its versions)")
+
+
 class GridRef(Frozen):
     path: str
     sha256: str
@@ -67,6 +74,10 @@ class GridRef(Frozen):
                                     "runner looked (each interval at 1 - alpha/(m K), K looks); null: fixed passes")
     stop: StopRule | None = Field(None, description="passes: {until: step}: the rule the looks stopped on; null: "
                                   "until: verdict, or fixed passes")
+    derived_from: DerivedFrom | None = Field(None, description="a grid the harness made from a committed one (a "
+                                             "bisect's probe, written under the user's cache): that file, verified "
+                                             "against git by `harness check` as grid.path is; null: the grid is its "
+                                             "own file")
 
 
 class ModelFile(Frozen):

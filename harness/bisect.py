@@ -123,7 +123,7 @@ def release_label(i: int, version: str) -> str:
 
 def probe_grid(doc: dict, name: str, picks: list[tuple[int, str]], paths: dict[str, Path | str], passes: int,
                out_dir: Path, slot: str = TREE, name_of=label, until_step: str | None = None,
-               alpha: float = 0.05) -> Path:
+               alpha: float = 0.05, derived: dict[str, str] | None = None) -> Path:
     """The probe's grid: the template's arm once per commit (its {tree} that commit's checkout; or per release, its
     {version} the release), the first the baseline, the commits a history in order. `until_step`: the metric whose
     step ends the probe's sequential passes (at most `passes`)."""
@@ -138,6 +138,8 @@ def probe_grid(doc: dict, name: str, picks: list[tuple[int, str]], paths: dict[s
     if until_step:
         d["primary"] = {"metrics": [until_step]}
     d["report"] = {**(d.get("report") or {}), "history": [name_of(i, s) for i, s in picks]}
+    if derived is not None:  # the committed template it was made from: in every artifact, checked against git
+        d["derived_from"] = {**derived, "by": f"{derived['by']}: {name} of {', '.join(name_of(i, s) for i, s in picks)}"}
     import yaml
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.yaml"
@@ -170,6 +172,9 @@ def bisect(grid_path: str, tree: str | None, good: str | None, bad: str | None, 
         root = Path(str(tree)).resolve()
         chain = commits(root, str(good), str(bad))
     doc = template(grid_path, slot)
+    from harness.grid.yamlfile import read_yaml
+    derived = {"path": str(grid_path), "sha256": read_yaml(grid_path)[1],
+               "by": "harness bisect " + ("--versions" if root is None else "--tree")}
     i, j = 0, len(chain) - 1
     base = doc.get("name", "grid")
     probes: list[Probe] = []
@@ -178,7 +183,8 @@ def bisect(grid_path: str, tree: str | None, good: str | None, bad: str | None, 
         picks = [(i, chain[i]), *([((i + j) // 2, chain[(i + j) // 2])] if j - i > 1 else []), (j, chain[j])]
         paths: dict[str, Path | str] = {x: x if root is None else checkout(root, x) for _, x in picks}
         name = f"{base}-bisect-{len(probes) + 1}"
-        gp = probe_grid(doc, name, picks, paths, passes, work, slot, name_of, metric if until_step else None, alpha)
+        gp = probe_grid(doc, name, picks, paths, passes, work, slot, name_of, metric if until_step else None, alpha,
+                        derived)
         execute.run_grid(str(gp), store_root=store, new_series=True, out=out)
         arts = collect([store]).runs.get(name, [])
         order = tuple(name_of(k, s) for k, s in picks)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import documents, emulate, grid, hardware, models, provenance
-from harness.artifact import GridRef, Residency, StopRule, Workload
+from harness.artifact import DerivedFrom, GridRef, Residency, StopRule, Workload
 from harness.engines import get_engine
 from harness.engines.base import EngineResult, RunContext
 from harness.engines.capabilities import Sizing, capability
@@ -170,7 +170,8 @@ def document(spec: grid.GridSpec, run: RunSpec, res: EngineResult, host: dict, t
                      run_key=run.run_key, baseline_arm=spec.baseline, primary=spec.primary,
                      looks=list(spec.looks) or None,
                      stop=StopRule(until="step", alpha=spec.step_alpha, metrics=list(spec.primary["metrics"]))
-                     if spec.looks and spec.until == "step" else None),
+                     if spec.looks and spec.until == "step" else None,
+                     derived_from=DerivedFrom(**spec.derived_from) if spec.derived_from else None),
         model=model_block, engine=documents.engine_ref(res.engine, arm.engine, form_override), host=host, timing=timing,
         execution=documents.execution(
             threads=threads, cpus=cpus, numa_policy=provenance.numa_policy() if arm.numa is not None

@@ -1,6 +1,7 @@
 """Histories (harness/analysis/history.py): versions as arms, steps between consecutive versions found by paired
 intervals at a family's level; and a planted step in a real history of `command` arms, found at its place."""
 
+import hashlib
 import json
 import re
 from types import SimpleNamespace as NS
@@ -143,6 +144,11 @@ def test_bisect_over_releases_stops_each_probe_at_the_first_look_that_steps(tmp_
         # the rule its looks stopped on is recorded, for the report to read the history as the runner did
         stop = json.loads(runs[0].read_text())["grid"]["stop"]
         assert stop == {"until": "step", "alpha": 0.002, "metrics": ["wall_s"]}, stop
+        # the probe's grid is made under the cache: each artifact names the committed template it was made from
+        made = json.loads(runs[0].read_text())["grid"]["derived_from"]
+        assert made["path"] == str(grid) and made["sha256"] == hashlib.sha256(grid.read_bytes()).hexdigest()
+        assert made["by"].startswith(f"harness bisect --versions: prog-bisect-{k} of r") and made["by"].endswith(
+            ", r5-1.0.6"), made  # the probe and the releases it measured
     rc, _, err = cli("bisect", grid, "--versions", "1.0.1", "--metric", "wall_s", "--store", store)
     assert rc == 2 and "--versions: must list two or more" in err
     rc, _, err = cli("bisect", grid, "--tree", tmp_path, "--versions", "1.0.1,1.0.2", "--metric", "wall_s")
@@ -185,3 +191,13 @@ def test_a_step_family_at_another_level_is_scaled_up_never_down(tmp_path, cli):
     assert rc == 2 and "--alpha must be a level in [1e-06, 0.5)" in err, err
     rc, _, err = cli("bisect", grid, "--versions", "1,2", "--metric", "wall_s", "--passes", "1")
     assert rc == 2 and "--passes must be 2 to" in err, err
+
+
+@pytest.mark.parametrize("made", ["grids/x.yaml", "{path: g.yaml, sha256: abc, by: me}",
+                                  "{path: g.yaml, sha256: " + "0" * 64 + "}"])
+def test_a_made_grids_origin_that_is_not_path_sha256_and_by_is_one_line(tmp_path, cli, made):
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: g\narms:\n  - {name: a, engine: command, options: {cmd: 'true'}}\nworkload: {prompt_len: 1, "
+                    f"context_len: 1, gen_len: 1}}\nthreads: 1\nderived_from: {made}\n")
+    rc, out, err = cli("plan", grid)
+    assert rc == 2 and "derived_from" in err and len(err.strip().splitlines()) == 1, err

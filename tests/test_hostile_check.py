@@ -316,6 +316,27 @@ def test_a_grid_sha256_its_commits_grid_file_does_not_have_is_refused(batched, t
     assert grid_record(artifact.parse(moved, "x")) is None
 
 
+def test_a_made_grids_template_is_checked_against_its_commit_too(batched, tmp_path):
+    """grid.derived_from (a bisect probe's committed template) is checked as grid.sha256 is: a template whose file
+    at the commit hashes otherwise is refused, naming the field; the true hash passes."""
+    import hashlib
+    import subprocess
+
+    from harness.paths import PROJECT_ROOT
+    path, commit = batched["grid"]["path"], batched["harness"]["commit"]
+    true = hashlib.sha256(subprocess.run(["git", "-C", str(PROJECT_ROOT), "show", f"{commit}:{path}"], check=True,
+                                         capture_output=True).stdout).hexdigest()
+    for sha, bad in (("0" * 64, True), (true, False)):
+        d, w = _lie(batched, lambda d: d["grid"].update(derived_from={"path": path, "sha256": sha, "by": "test"}))
+        folder = tmp_path / sha[:4]
+        folder.mkdir()
+        (folder / w).write_text(json.dumps(d))
+        n, probs = check.check([str(folder)], verify_models=False)
+        want = f"{folder / w}: grid.derived_from.sha256: {sha}, but {path} at commit {commit[:12]}"
+        assert n == 1 and any(p.startswith(want) for p in probs) == bad, probs
+        assert not [p for p in probs if not p.startswith(want) and "id:" not in p], probs
+
+
 def test_a_host_block_of_another_machine_is_refused_where_the_build_says_otherwise(batched):
     """Another machine's identity, its key recomputed: llama.cpp's system info (read back by the run) names ISA
     features its build used; a host block whose CPU lacks one is not the machine that ran it."""

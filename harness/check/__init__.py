@@ -27,7 +27,7 @@ from harness.artifact import loads
 from harness.check.accepted import accepted, check_doc, doc_problems, load_accepted, problems_of
 from harness.check.consistency import instant
 from harness.check.content import REQUIRED, read_back_problems
-from harness.check.gridfiles import grid_problems, grid_record
+from harness.check.gridfiles import derived_record, grid_problems, grid_record
 from harness.check.modelfiles import comparable, model_file_problems, users_model
 from harness.check.references import (ref_summary, reference_mismatch, reference_problems, sweep_problems,
                                       sweep_record)
@@ -99,6 +99,8 @@ def _check_file(f: Path, allow_unknown_commit: bool, shared: dict | None = None)
     rec: dict[str, Any] = {"id": doc.get("id")}
     if a is not None and getattr(a, "grid", None) is not None and getattr(a, "harness", None) is not None:
         rec["grid"] = grid_record(a)
+        if getattr(a.grid, "derived_from", None) is not None:
+            rec["grid_from"] = derived_record(a)
     if getattr(a, "model", None) is not None and a.model.files:
         rec["model"] = [a.model.name, [[m.path, m.sha256] for m in a.model.files], users_model(a)]
     kind = doc.get("kind")
@@ -185,8 +187,9 @@ def _check(paths: Iterable[str], verify_models: bool, allow_unknown_commit: bool
         problems += probs
         if rec is None:
             continue
-        if rec.get("grid"):
-            grids.append((where, rec["grid"]))
+        for key in ("grid", "grid_from"):
+            if rec.get(key):
+                grids.append((where, rec[key]))
         if verify_models and "model" in rec:
             name, mfiles, user = rec["model"]
             files = comparable(tuple(map(tuple, mfiles)))

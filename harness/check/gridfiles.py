@@ -23,22 +23,34 @@ _PATH = re.compile(r"[A-Za-z0-9._/-]{1,300}")
 def grid_record(a) -> list[str] | None:
     """What the grid check needs of one artifact: [commit, path, sha256], or None where nothing can be verified."""
     commit, path = a.harness.commit, a.grid.path
-    if not (isinstance(commit, str) and _COMMIT.fullmatch(commit) and isinstance(path, str)
-            and _PATH.fullmatch(path) and not path.startswith("/") and ".." not in path.split("/")):
+    return [commit, path, a.grid.sha256] if _verifiable(commit, path) else None
+
+
+def derived_record(a) -> list[str] | None:
+    """The same of the committed grid a made grid came from (grid.derived_from: a bisect's template), with the
+    field it answers for: [commit, path, sha256, "grid.derived_from.sha256"], or None."""
+    d, commit = getattr(a.grid, "derived_from", None), a.harness.commit
+    if d is None or not _verifiable(commit, d.path):
         return None
-    return [commit, path, a.grid.sha256]
+    return [commit, d.path, d.sha256, "grid.derived_from.sha256"]
+
+
+def _verifiable(commit, path) -> bool:
+    """A 40-hex commit and a relative path inside the checkout: what git can be asked for."""
+    return (isinstance(commit, str) and bool(_COMMIT.fullmatch(commit)) and isinstance(path, str)
+            and bool(_PATH.fullmatch(path)) and not path.startswith("/") and ".." not in path.split("/"))
 
 
 def grid_problems(recs: list[tuple[str, list[str]]]) -> list[str]:
     """`where: grid.sha256: ...` for each artifact whose grid file, at its commit, hashes to something else."""
-    pairs = sorted({(c, p) for _, (c, p, _) in recs})
+    pairs = sorted({(r[0], r[1]) for _, r in recs})
     blobs = _blobs(pairs)
     out = []
-    for where, (c, p, sha) in recs:
+    for where, (c, p, sha, *field) in recs:
         got = blobs.get((c, p))
         if got is not None and got != sha:
-            out.append(f"{where}: grid.sha256: {sha}, but {p} at commit {c[:12]} (the tree that ran it) hashes to "
-                       f"{got}")
+            out.append(f"{where}: {field[0] if field else 'grid.sha256'}: {sha}, but {p} at commit {c[:12]} (the tree "
+                       f"that ran it) hashes to {got}")
     return out
 
 

@@ -4,6 +4,7 @@ workload, size, order, rules, primaries), then the whole spec validated against 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -183,7 +184,8 @@ def from_dict(doc: Any, path: str, sha256: str, cpus: list[int] | None = None) -
     if hosts not in HOSTS:
         raise err(path, "hosts", f"unknown value {short(hosts)}", f"allowed: {', '.join(HOSTS)} (docs/fleet.md)")
     rspec = views.parse(path, doc.get("report"), tuple(names))  # what the report shows: refused here, read by it
-    spec = GridSpec(hosts=hosts, path=path, sha256=sha256, name=name, description=description, model=model,
+    derived = _derived_from(path, doc.get("derived_from"))
+    spec = GridSpec(derived_from=derived, hosts=hosts, path=path, sha256=sha256, name=name, description=description, model=model,
                     arms=tuple(arms), axes=axes, fixed=fixed, include=tuple(inc), exclude=tuple(exc), primary=primary,
                     passes=passes, repetitions=repetitions, warmups=warmups,
                     order=order, seed=seed, baseline=baseline, timeout_s=float(timeout), **kind_fields)
@@ -362,3 +364,19 @@ def _primary(path: str, raw: Any, arms: list[Arm], baseline: str) -> dict | None
             _rule_values(path, f"primary.cells[{j}]", r, allow_arm=False)
         out["cells"] = [dict(r) for r in rules]
     return out
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _derived_from(path: str, d: Any) -> dict[str, str] | None:
+    """`derived_from`: the committed grid a made one comes from (harness bisect writes it into each probe):
+    {path, sha256, by}, recorded in every artifact (grid.derived_from) and checked against git like grid.path."""
+    if d is None:
+        return None
+    fix = "derived_from is written by harness bisect: {path: the template, sha256: its hash, by: what made it}"
+    if not isinstance(d, dict) or set(d) != {"path", "sha256", "by"}:
+        raise err(path, "derived_from", f"must be a mapping of path, sha256 and by, got {short(d)}", fix)
+    if not all(isinstance(v, str) and 0 < len(v) <= 1000 for v in d.values()) or not _SHA256.fullmatch(d["sha256"]):
+        raise err(path, "derived_from", "path and by must be text, sha256 64 hex digits", fix)
+    return dict(d)

@@ -26,7 +26,7 @@ ORDERS = ("interleaved", "sequential", "random")
 HOSTS = ("spread", "all")
 TOP_FIELDS = {"kind", "name", "description", "model", "arms", "axes", "include", "exclude", "passes", "repetitions",
               "warmups", "order", "seed", "baseline", "timeout_s", "workload", "threads", "primary", "hosts",
-              "report"}
+              "report", "derived_from"}
 PRIMARY_FIELDS = {"metrics", "arms", "cells"}
 ARM_FIELDS = {"name", "engine", "form", "options", "env", "patches", "threads", "cpus", "numa", "observe", "observe_only",
               "hardware"}
@@ -108,6 +108,8 @@ class GridSpec:
     history: tuple[str, ...] = ()  # until: step: the history's versions (report.history), oldest first
     step_alpha: float = 0.05  # until: step: the family level of the history's steps
     looked_m: int = 0  # the comparisons the looks wait on, as a family at 0.05 (until: step: the steps, scaled)
+    # a grid the harness made from a committed one (a bisect's probe): {path, sha256, by}; None: its own file
+    derived_from: dict[str, str] | None = None
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:

@@ -120,6 +120,7 @@ def grid_section(name: str, all_arts: list[RunArtifact], where: dict[str, str] |
     model_files = sorted({(m.form, f.path, f.sha256[:12]) for m in models for f in weight_files(m) or []})
     return {
         "name": name, "grid_path": first.grid.path, "grid_sha": first.grid.sha256[:12], "order": first.grid.order,
+        "derived_from": first.grid.derived_from,
         "passes": len({a.grid.pass_index for a in arts}), "baseline": first.grid.baseline_arm,
         "model": "`, `".join(sorted({a.model.name for a in arts})),
         "n_artifacts": len(arts), "n_failed": sum(1 for a in arts if a.status != "ok"), "tables": tables,
