@@ -126,8 +126,9 @@ def test_bisect_over_releases_stops_each_probe_at_the_first_look_that_steps(tmp_
     (passes: {until: step}): it stops at its first planned look where a half steps, long before its 18 passes."""
     monkeypatch.setenv("EDGE_HARNESS_CACHE", str(tmp_path / "cache"))
     versions = [f"1.0.{k}" for k in range(1, 7)]
-    for k, v in enumerate(versions, 1):
-        (tmp_path / f"work-{v}.sh").write_text(f"sleep {0.3 if k >= 4 else 0.05}\n")
+    for k, v in enumerate(versions, 1):  # a step no stall of the suite's load reaches: a stall in a fast run of
+        # 0.25 s once made a probe's first look miss and run all its passes (a fresh clone's `make test`)
+        (tmp_path / f"work-{v}.sh").write_text(f"sleep {0.8 if k >= 4 else 0.05}\n")
     grid = tmp_path / "prog.yaml"
     grid.write_text(f"name: prog\narms:\n  - {{name: prog, engine: command, options: {{cmd: \"sh {tmp_path}/work-"
                     "{version}.sh\"}}\nworkload: {prompt_len: 1, context_len: 1, gen_len: 1}\nthreads: 1\n"
