@@ -103,7 +103,8 @@ def test_bisect_finds_the_commit_that_planted_a_slowdown(tmp_path, cli, monkeypa
     tree.mkdir()
     _git(tree, "init", "-q")
     for k in range(1, 7):
-        (tree / "work.sh").write_text(f"sleep {0.3 if k >= 4 else 0.05}\n# commit {k}\n")  # beyond spawn noise
+        # a step beyond spawn noise and the suite's stalls (as the release bisect's below)
+        (tree / "work.sh").write_text(f"sleep {0.8 if k >= 4 else 0.05}\n# commit {k}\n")
         _git(tree, "add", "work.sh")
         _git(tree, "commit", "-q", "-m", f"commit {k}")
     grid = tmp_path / "prog.yaml"
