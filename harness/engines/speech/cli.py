@@ -212,7 +212,8 @@ def run_cli(engine: Any, ctx: RunContext, form: str) -> EngineResult:
                 "cpus": setting(ctx.cpus, affinity, "sched_getaffinity of the CLI process"),
                 "warmups": setting(ctx.spec.warmups, sum(1 for s in streams if s["warmup"]),
                                    "warm-up texts written to the CLI"),
-                "dtype": setting(voices.FORM_DTYPES[form], None, "the form's types (not readable from the engine)")}
+                "dtype": setting(voices.dtype(ctx.model, form), None,
+                                 "the form's types (not readable from the engine)")}
     effective = {**eff, "timestamps": CLIENT, "texts": [s["id"] for s in streams],
                  "audio_sha256": [s["audio_sha256"] for s in streams],
                  "chunk_samples": [[n // 2 for n in s["bytes"]] for s in streams]}

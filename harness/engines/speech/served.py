@@ -105,7 +105,8 @@ def run_served(engine: Any, ctx: RunContext, form: str) -> EngineResult:
                                    f"the server's {engine.THREADS_KEY}, from its /health"),
                 "cpus": setting(ctx.cpus, ready.get("cpu_affinity"), "sched_getaffinity in the server, from /health"),
                 "workers": setting(workers, ready.get("workers"), "the server's speaking threads, from its /health"),
-                "dtype": setting(voices.FORM_DTYPES[form], None, "the form's types (not readable from the engine)"),
+                "dtype": setting(voices.dtype(ctx.model, form), None,
+                                 "the form's types (not readable from the engine)"),
                 **sent}
     effective = {"threads": ready.get("intra_op_num_threads", ready.get("num_threads")), **ready,
                  "cpu_affinity": ready.get("cpu_affinity"), "load": load.record(), "requests_failed": len(errors),

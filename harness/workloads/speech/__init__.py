@@ -84,11 +84,29 @@ class Speech(WorkloadKind):
                       "drop it (docs/speech.md)")
         if speech:
             needs = any(engine_class(a.engine).needs_model for a in spec.arms)
+            sets = spec.axes.get("text") or [spec.fixed.get("text")]
             for m in spec.axes.get("model") or [spec.model]:
+                fld = "axes.model" if "model" in spec.axes else "model"
                 if not voices.known(m) and (needs or m != "none"):
-                    raise err(spec.path, "axes.model" if "model" in spec.axes else "model", f"{short(m)} is not a "
-                              "voice: a speech grid speaks a voice, not a language model", f"known voices: "
-                              f"{', '.join(voices.VOICES)}")
+                    raise err(spec.path, fld, f"{short(m)} is not a voice: a speech grid speaks a voice, not a "
+                              "language model", f"known voices: {', '.join(voices.VOICES)}")
+                if voices.known(m):  # each arm's forms are the voice's, and its engine reads the voice's format
+                    for a in spec.arms:
+                        eng = engine_class(a.engine)
+                        if not issubclass(eng, Speaks):
+                            continue
+                        if voices.VOICES[m].format not in eng.formats:
+                            raise err(spec.path, f"arms[{a.name}].engine", f"{a.engine} reads "
+                                      f"{' or '.join(eng.formats)} voices; {m} is a {voices.VOICES[m].format} voice",
+                                      f"speak it with {voices.ENGINES[voices.VOICES[m].format]}")
+                        for f in [a.form] if a.form else (spec.axes.get("form") or [eng.default_form]):
+                            voices.check_form(f"{spec.path}: arms[{a.name}].form", f, m)
+                lang = voices.VOICES[m].language if voices.known(m) else None
+                for t in sets:
+                    if lang and t in texts.LANGUAGE and texts.LANGUAGE[t] != lang:
+                        raise err(spec.path, fld, f"voice {m} speaks {lang}; the text set {t} is "
+                                  f"{texts.LANGUAGE[t]}", f"use a {lang} text set: "
+                                  f"{', '.join(k for k, v in texts.LANGUAGE.items() if v == lang)}")
         for a in spec.arms:
             speaks = issubclass(engine_class(a.engine), Speaks)
             if speech and not speaks:
@@ -98,10 +116,11 @@ class Speech(WorkloadKind):
                 raise err(spec.path, "workload.text", f"arm {a.name!r} runs the speech engine {a.engine}, which needs "
                           "texts", f"set workload.text ({TEXT_FIX})")
             chunking = self.fields(spec).get("chunking", "sentence")
-            if speech and speaks and chunking not in engine_class(a.engine).chunking:
+            can = engine_class(a.engine).chunking_for(a.options) if speaks else ()
+            if speech and speaks and chunking not in can:
                 raise err(spec.path, "workload.chunking", f"{chunking}: arm {a.name!r}'s engine {a.engine} streams "
-                          f"{' or '.join(engine_class(a.engine).chunking)}",
-                          f"workload.chunking: {engine_class(a.engine).chunking[0]} (docs/speech.md)")
+                          f"{' or '.join(can)}{' as its options ask' if can != engine_class(a.engine).chunking else ''}",
+                          f"workload.chunking: {can[0]} (docs/speech.md)")
 
     def record(self, spec: Any, params: dict[str, Any], resolved: dict | None) -> dict[str, Any]:
         if "text" not in params:
