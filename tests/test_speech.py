@@ -307,6 +307,8 @@ def test_a_served_speech_grid_refuses_token_bounds(write_grid, cli):
     (lambda g: g.replace("texts: [short]", "texts: [whisper]"), "texts"),
     (lambda g: g.replace("engine: piper, form: voice-fp32", "engine: llama.cpp, form: voice-fp32"), "builds[0].engine"),
     (lambda g: g.replace("max_mean_lsd_db: 6.0", "max_mean_lsd: 6.0"), "thresholds.max_mean_lsd"),
+    (lambda g: g.replace("model: joe-us-medium", "model: kokoro-82m-ja"), "ships no voice-fp32"),
+    (lambda g: g.replace("texts: [short]", "texts: [ja-short]"), "the text set ja-short is ja"),
 ])
 def test_a_speech_fidelity_grid_it_cannot_run_is_one_line(write_grid, cli, tmp_path, edit, field):
     rc, out, err = cli("fidelity", write_grid(edit(FIDELITY), "fid.yaml"), "--store", tmp_path / "store")

@@ -69,6 +69,14 @@ def from_dict(doc: dict, sp: str, sha: str) -> SpeechFidelityGrid:
     if not isinstance(sets, list) or not sets or any(s not in texts.TEXTS for s in sets) or len(set(sets)) != len(sets):
         raise err(sp, "texts", f"must list committed text sets, each once, got {short(sets)}",
                   f"from {', '.join(texts.names())}")
+    m = doc.get("model")
+    if voices.known(m) and REFERENCE_FORM not in voices.VOICES[m].forms:
+        raise err(sp, "model", f"voice {m} ships no {REFERENCE_FORM} form: its builds have no full-precision "
+                  "reference to be held against", "audio fidelity needs a voice with voice-fp32 (docs/speech.md)")
+    for s in sets:
+        if voices.known(m) and texts.LANGUAGE[s] != voices.VOICES[m].language:
+            raise err(sp, "texts", f"voice {m} speaks {voices.VOICES[m].language}; the text set {s} is "
+                      f"{texts.LANGUAGE[s]}", "use text sets of the voice's language")
     th = doc["thresholds"]
     if not isinstance(th, dict) or not th:
         raise err(sp, "thresholds", f"must be a mapping of bounds, got {short(th)}", f"known: {', '.join(THRESHOLDS)}")
