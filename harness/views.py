@@ -11,13 +11,15 @@ name in the report's code):
 
 `harness plan` and `harness run` refuse a malformed field (parse). The report reads the field from the grid
 file its series names (of_series), now: a presentation choice, not part of what was measured. A file that is
-gone, unreadable or of another grid gives the defaults; a malformed field gives the defaults and a warning.
+gone, unreadable or of another grid gives the defaults (a bisect probe's: its history, probe_history); a malformed
+field gives the defaults and a warning.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -159,6 +161,23 @@ def of_series(name: str, grid_path: str, read_yaml: Callable[[str], tuple[Any, s
                 out = (DEFAULT, f"{e}; its views are the defaults")
     _READ[grid_path] = (st, sha, out)
     return out
+
+
+PROBE = re.compile(r"-bisect-\d+$")  # harness bisect's probe grids (harness/bisect.py)
+PROBE_ARM = re.compile(r"^[rc](\d+)-[\w.]+$")  # its arms: r<i>-<version> (releases), c<i>-<sha7> (commits)
+
+
+def probe_history(name: str, arms: list[str]) -> ReportSpec | None:
+    """A bisect probe's history where its grid file is gone: the probe's grid lives in the cache of the user who
+    ran it (harness bisect writes it there, outside the checkout it measures), and its history is its arms in the
+    order of the index harness bisect names them by (r<i>-..., c<i>-...). None: not a probe's series."""
+    idx = [PROBE_ARM.match(a) for a in arms]
+    if not PROBE.search(name) or len(arms) < 2 or not all(idx):
+        return None
+    order = sorted(zip((int(m.group(1)) for m in idx if m), arms))
+    if len({i for i, _ in order}) != len(order):
+        return None
+    return ReportSpec(history=tuple(a for _, a in order))
 
 
 def reads() -> list[tuple[str, str | None]]:

@@ -203,3 +203,15 @@ def test_a_made_grids_origin_that_is_not_path_sha256_and_by_is_one_line(tmp_path
                     f"context_len: 1, gen_len: 1}}\nthreads: 1\nderived_from: {made}\n")
     rc, out, err = cli("plan", grid)
     assert rc == 2 and "derived_from" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_probes_history_stands_where_its_grid_file_is_gone():
+    """A bisect probe's grid lives in the cache of whoever ran it: on another machine its page still shows the
+    history, the arms in the order harness bisect numbered them (reports/llamacpp-tg-q4_0-bisect-*.md)."""
+    from harness import views
+    spec = views.probe_history("llamacpp-tg-q4_0-bisect-1", ["r4-0.3.20", "r0-0.3.16", "r2-0.3.18"])
+    assert spec is not None and spec.history == ("r0-0.3.16", "r2-0.3.18", "r4-0.3.20")
+    assert views.probe_history("x-bisect-2", ["c10-abcdef0", "c2-1234567"]).history == ("c2-1234567", "c10-abcdef0")
+    assert views.probe_history("quickstart", ["r0-0.3.16", "r2-0.3.18"]) is None  # not a probe
+    assert views.probe_history("x-bisect-1", ["r0-a", "vllm-fp32"]) is None  # an arm bisect did not name
+    assert views.probe_history("x-bisect-1", ["r0-a", "c0-b"]) is None  # one index twice

@@ -14,6 +14,8 @@ paired ratio to the grid's baseline arm with its bootstrap CI and verdict.
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 from harness import analysis, summary, views, workloads
@@ -91,6 +93,9 @@ def _render_all(store_dirs: list[str], c: Collected) -> tuple[Pages, list[dict],
     for name, arts in c.runs.items():
         latest = max(arts, key=lambda a: a.timing.end)
         specs[name] = views.of_series(name, latest.grid.path, read_expanded)
+        if not os.path.exists(latest.grid.path):  # a bisect probe's grid, in another user's cache: its history
+            probe = views.probe_history(name, sorted({a.grid.arm for a in arts}))
+            specs[name] = (probe, "") if probe is not None else specs[name]
     ceiling_grids = tuple(sorted(n for n, (spec, _) in specs.items() if spec.ceiling))
     fsections = [fidelity_section(name, host_arts, newest, ceiling_grids)
                  for name, arts in c.fidelity.items() for host_arts in by_host(arts).values()]
