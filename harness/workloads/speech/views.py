@@ -27,10 +27,11 @@ def audio_fidelity_section(name: str, all_arts: list, describe: Any, span: Any) 
                      "lsd": f("mean_lsd_db"), "lsd_max": f("max_lsd_db"),
                      "duration": "-" if not s else f"{s['min_duration_ratio']:.3f}-{s['max_duration_ratio']:.3f}",
                      "identical": f("identical_share"), "reference": f"{a.reference['engine']} {a.reference['form']}",
+                     "wer": "-" if "mean_wer" not in s else f"{s['mean_wer']:.3f} ({s['reference_mean_wer']:.3f})",
                      "thresholds": ", ".join(f"{k} {v:g}" for k, v in sorted(a.thresholds.items())),
                      "id": a.id[:12]})
     fingerprint = hashlib.sha256("\n".join(sorted(a.id for a in all_arts)).encode()).hexdigest()[:16]
-    return {"audio": True, "name": name, "grid_path": latest.grid.path, "grid_sha": latest.grid.sha256[:12],
+    return {"audio": True, "asr": any(r["wer"] != "-" for r in rows), "name": name, "grid_path": latest.grid.path, "grid_sha": latest.grid.sha256[:12],
             "model": latest.model.name, "texts": latest.texts, "rows": rows, "n_artifacts": len(arts),
             "n_older": len(all_arts) - len(arts), "fingerprint": fingerprint, "threads": latest.execution.threads,
             "host": describe(latest.host.model_dump()), "host_key": latest.host.key,
