@@ -185,7 +185,10 @@ def test_greedy_text_is_deterministic():
     from harness.engines.llamacpp.engine import greedy_text
     a = greedy_text("tiny-llama", "gguf-f32", "The capital of France is", 8)
     b = greedy_text("tiny-llama", "gguf-f32", "The capital of France is", 8)
-    assert a["text"] and a["text"] == b["text"] and not a["text"].startswith("The capital")
+    # on a failure, what each run wrote: its stdout's size and the tail of its stderr (one empty continuation
+    # was seen once under a loaded make test)
+    why = [{k: r[k] for k in ("text", "stdout_bytes", "stderr_tail")} for r in (a, b)]
+    assert a["text"] and a["text"] == b["text"] and not a["text"].startswith("The capital"), why
 
 
 def test_quantize_and_perplexity_binaries_run():

@@ -324,5 +324,5 @@ def greedy_text(model: str, form: str, prompt: str, n_predict: int, threads: int
     if r.timed_out or r.returncode != 0:
         raise UserError("llama-completion", f"exited {r.returncode}{' (timeout)' if r.timed_out else ''}: "
                         f"{tail(r.stderr, 1)}", "run it by hand with the command in this message to see why")
-    return {"text": r.stdout, "command": cmd, "binary_sha256": llamacpp_build.load_manifest()["binaries"]
-            ["llama-completion"]["sha256"]}
+    return {"text": r.stdout, "command": cmd, "stderr_tail": tail(r.stderr, 8), "stdout_bytes": r.stdout_bytes,
+            "binary_sha256": llamacpp_build.load_manifest()["binaries"]["llama-completion"]["sha256"]}
