@@ -54,8 +54,10 @@ def test_kokoro_streams_a_chunk_per_sentence_or_its_own_batches_and_check_accept
         m = doc["metrics"]
         assert m["audio_s"]["samples"][0] == pytest.approx(sum(doc["execution"]["effective"]["chunk_samples"][0])
                                                            / 24000, abs=1e-6)
-    # a chunk per sentence: the first audio comes before the whole text's
-    assert docs["sentence"]["metrics"]["ttfa_s"]["samples"][0] < docs["stream"]["metrics"]["ttfa_s"]["samples"][0]
+    # a chunk per sentence: the first chunk holds the first sentence's audio, a part of the whole text's (read from
+    # the recorded samples, not from timings: the test does not depend on the machine's speed)
+    first = docs["sentence"]["execution"]["effective"]["chunk_samples"][0]
+    assert 0 < first[0] < sum(first)
     _, problems = check.check([str(tmp_path / "store")], allow_unknown_commit=True)
     assert not [p for p in problems if "harness.dirty" not in p], problems
 
