@@ -89,6 +89,14 @@ def check_form(where: str, form: str, name: str | None = None) -> None:
                         f"use {' or '.join(forms)}")
 
 
+def refuse_reader(where: str, name: str, engine: str, formats: tuple[str, ...]) -> None:
+    """One line where an engine cannot read the voice's format (the grid's plan and the engine's check alike)."""
+    fmt = VOICES[name].format
+    if fmt not in formats:
+        raise UserError(where, f"{engine} reads {' or '.join(formats)} voices; {name} is a {fmt} voice",
+                        f"speak it with {ENGINES[fmt]}")
+
+
 def derived(name: str, form: str) -> bool:
     """A form made on each machine by a third-party quantizer: its bytes are that build's, not pinned."""
     return form != VOICES[name].shipped
@@ -104,15 +112,17 @@ def form_files(v: Voice) -> set[str]:
     return {ONNX_NAME, CONFIG_NAME} | {n for n, _, _ in v.extra}
 
 
-def _installed(v: Voice, rel: str) -> Path:
+def _installed(v: Voice, rel: str, dist: str | None = None, version: str | None = None) -> Path:
+    """A file of the voice's distribution (or of `dist`, one of its part distributions), its version checked."""
+    dist, version = dist or v.dist, version or v.version
     try:
-        d = metadata.distribution(v.dist)
+        d = metadata.distribution(dist)
     except metadata.PackageNotFoundError:
-        raise UserError(f"voice {v.name}", f"{v.dist} is not installed", FIX.format(dist=v.dist, version=v.version)) \
+        raise UserError(f"voice {v.name}", f"{dist} is not installed", FIX.format(dist=dist, version=version)) \
             from None
-    if d.version != v.version:
-        raise UserError(f"voice {v.name}", f"{v.dist} {d.version} is installed, the harness pins {v.version}",
-                        FIX.format(dist=v.dist, version=v.version))
+    if d.version != version:
+        raise UserError(f"voice {v.name}", f"{dist} {d.version} is installed, the harness pins {version}",
+                        FIX.format(dist=dist, version=version))
     return Path(str(d.locate_file(rel)))
 
 
@@ -227,7 +237,7 @@ def _join_parts(v: Voice, tmp: Path) -> Path:
     out = tmp / ONNX_NAME
     with open(out, "wb") as f:
         for dist, version, rel in v.parts:
-            part = _installed(Voice(v.name, dist, version, "", "", "", "", "", ""), rel)
+            part = _installed(v, rel, dist, version)
             if not part.is_file():
                 raise UserError(str(part), "a model part is missing", FIX.format(dist=dist, version=version))
             with open(part, "rb") as src:

@@ -89,10 +89,7 @@ class SpeechEngine(Engine, Limits, Speaks, Serves):
         if not voices.known(model):
             raise UserError(f"model {model}", f"{self.name} speaks a voice, not a language model",
                             f"set the grid's model to a voice: {', '.join(voices.VOICES)}")
-        v = voices.VOICES[model]
-        if v.format not in self.formats:
-            raise UserError(f"model {model}", f"{self.name} reads {' or '.join(self.formats)} voices; {model} is a "
-                            f"{v.format} voice", f"speak it with {voices.ENGINES[v.format]}")
+        voices.refuse_reader(f"model {model}", model, self.name, self.formats)
         voices.check_form(f"model {model}: form", form, model)
         self.require()
         return form

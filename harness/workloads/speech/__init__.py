@@ -95,10 +95,7 @@ class Speech(WorkloadKind):
                         eng = engine_class(a.engine)
                         if not issubclass(eng, Speaks):
                             continue
-                        if voices.VOICES[m].format not in eng.formats:
-                            raise err(spec.path, f"arms[{a.name}].engine", f"{a.engine} reads "
-                                      f"{' or '.join(eng.formats)} voices; {m} is a {voices.VOICES[m].format} voice",
-                                      f"speak it with {voices.ENGINES[voices.VOICES[m].format]}")
+                        voices.refuse_reader(f"{spec.path}: arms[{a.name}].engine", m, a.engine, eng.formats)
                         for f in [a.form] if a.form else (spec.axes.get("form") or [eng.default_form]):
                             voices.check_form(f"{spec.path}: arms[{a.name}].form", f, m)
                 lang = voices.VOICES[m].language if voices.known(m) else None
